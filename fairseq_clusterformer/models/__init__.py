@@ -1,0 +1,1 @@
+from fairseq_clusterformer.models import clusterformer_lm  # noqa: F401

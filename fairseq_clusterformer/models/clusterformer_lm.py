@@ -1,0 +1,172 @@
+"""The Cluster-Former language model: fairseq's transformer_lm with windowed and clustered layers."""
+
+
+from dataclasses import dataclass, field
+
+from fairseq import options
+from fairseq.dataclass import ChoiceEnum
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import TransformerConfig
+from fairseq.models.transformer_lm import (
+    DEFAULT_MAX_TARGET_POSITIONS,
+    TransformerLanguageModel,
+    TransformerLanguageModelConfig,
+    base_lm_architecture,
+    transformer_lm_baevski_wiki103,
+)
+from fairseq.modules import AdaptiveInput
+from fairseq.utils import safe_getattr
+
+from fairseq_clusterformer.modules.cluster_layer import CAUSALITY_CHOICES
+from fairseq_clusterformer.modules.decoder import (
+    LONG_RANGE_CHOICES,
+    ClusterFormerDecoder,
+    LongRangePlan,
+    parse_layer_list,
+)
+from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.ops.windows import check_window
+
+
+@dataclass
+class ClusterFormerLMConfig(TransformerLanguageModelConfig):
+    # the paper's depth: with transformer_lm's default of 6, the default long-range layers 11,15 would not exist
+    decoder_layers: int = field(default=16, metadata={"help": "num decoder layers"})
+    window_size: int = field(default=256, metadata={"help": "sliding-window size l (tokens per window)"})
+    window_stride: int = field(default=128, metadata={"help": "sliding-window stride m (< --window-size)"})
+    long_range_layers: str = field(
+        default="11,15", metadata={"help": "comma-separated 1-based numbers of the long-range layers"}
+    )
+    long_range_layer: ChoiceEnum(LONG_RANGE_CHOICES) = field(
+        default="cluster", metadata={"help": "what the long-range layers run; 'none' = sliding window everywhere"}
+    )
+    num_clusters: int = field(default=512, metadata={"help": "number of K-Means clusters per long-range layer"})
+    cluster_causality: ChoiceEnum(CAUSALITY_CHOICES) = field(
+        default="strict",
+        metadata={
+            "help": "'strict': a token attends to its most recent predecessors in its own cluster (depends on the "
+            "past only); 'paper': windows of the sorted sequence as in the paper (leaks a little future)"
+        },
+    )
+
+
+def _reject_unsupported(args) -> None:
+    """Flags of transformer_lm that the windowed layers do not implement: refuse them rather than ignore them."""
+    unsupported = {
+        "character_embeddings": "--character-embeddings",
+        "decoder_layers_to_keep": "--decoder-layers-to-keep",
+        "checkpoint_activations": "--checkpoint-activations",
+        "quant_noise_pq": "--quant-noise-pq",
+        "base_layers": "--base-layers",
+    }
+    for name, flag in unsupported.items():
+        if safe_getattr(args, name, None):
+            raise ValueError(f"{flag} is not supported by the clusterformer_lm model")
+
+
+def layer_settings(args) -> LayerSettings:
+    check_window(args.window_size, args.window_stride)
+    return LayerSettings(
+        embed_dim=args.decoder_embed_dim,
+        ffn_dim=args.decoder_ffn_embed_dim,
+        heads=args.decoder_attention_heads,
+        window_size=args.window_size,
+        window_stride=args.window_stride,
+        causal=True,
+        normalize_before=args.decoder_normalize_before,
+        dropout=args.dropout,
+        attention_dropout=args.attention_dropout,
+        activation_dropout=safe_getattr(args, "activation_dropout", 0.0) or safe_getattr(args, "relu_dropout", 0.0),
+        activation_fn=args.activation_fn,
+    )
+
+
+def long_range_plan(args) -> LongRangePlan:
+    return LongRangePlan(
+        layers=parse_layer_list(args.long_range_layers, args.decoder_layers),
+        kind=args.long_range_layer,
+        num_clusters=args.num_clusters,
+        causality=args.cluster_causality,
+    )
+
+
+@register_model("clusterformer_lm", dataclass=ClusterFormerLMConfig)
+class ClusterFormerLanguageModel(TransformerLanguageModel):
+    @classmethod
+    def build_model(cls, args, task):
+        _reject_unsupported(args)
+        if safe_getattr(args, "max_target_positions", None) is None:
+            args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
+        dictionary = task.source_dictionary
+        if args.adaptive_input:
+            embed_tokens = AdaptiveInput(
+                len(dictionary),
+                dictionary.pad(),
+                args.decoder_input_dim,
+                args.adaptive_input_factor,
+                args.decoder_embed_dim,
+                options.eval_str_list(args.adaptive_input_cutoff, type=int),
+                args.quant_noise_pq,
+                args.quant_noise_pq_block_size,
+            )
+        else:
+            embed_tokens = cls.build_embedding(args, dictionary, args.decoder_input_dim)
+        if args.tie_adaptive_weights and not (
+            args.adaptive_input and args.adaptive_softmax_cutoff == args.adaptive_input_cutoff
+        ):
+            raise ValueError("--tie-adaptive-weights needs --adaptive-input with equal input and softmax cutoffs")
+        decoder = ClusterFormerDecoder(
+            TransformerConfig.from_namespace(args),
+            layer_settings(args),
+            long_range_plan(args),
+            task.target_dictionary,
+            embed_tokens,
+        )
+        return cls(decoder)
+
+
+def _long_range_defaults(args, layers: str, num_clusters: int = 512, window: int = 256, stride: int = 128) -> None:
+    args.window_size = safe_getattr(args, "window_size", window)
+    args.window_stride = safe_getattr(args, "window_stride", stride)
+    args.long_range_layers = safe_getattr(args, "long_range_layers", layers)
+    args.long_range_layer = safe_getattr(args, "long_range_layer", "cluster")
+    args.num_clusters = safe_getattr(args, "num_clusters", num_clusters)
+    args.cluster_causality = safe_getattr(args, "cluster_causality", "strict")
+
+
+@register_model_architecture("clusterformer_lm", "clusterformer_lm_wiki103")
+def clusterformer_lm_wiki103(args):
+    """The paper's WikiText-103 model: transformer_lm_wiki103 (16 layers, 8 heads, 1024 dims, adaptive
+    input and softmax, dropout 0.3) with Cluster-Former layers 11 and 15."""
+    _long_range_defaults(args, "11,15")
+    transformer_lm_baevski_wiki103(args)
+
+
+@register_model_architecture("clusterformer_lm", "clusterformer_lm_enwik8")
+def clusterformer_lm_enwik8(args):
+    """The paper's enwik8 model: 16 layers, 8 heads, 512 dims, byte vocabulary (tied input/output)."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 16)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 512)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 2048)
+    args.dropout = safe_getattr(args, "dropout", 0.3)
+    args.attention_dropout = safe_getattr(args, "attention_dropout", 0.1)
+    args.activation_dropout = safe_getattr(args, "activation_dropout", 0.1)
+    args.decoder_normalize_before = safe_getattr(args, "decoder_normalize_before", True)
+    args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
+    _long_range_defaults(args, "11,15")
+    base_lm_architecture(args)
+
+
+@register_model_architecture("clusterformer_lm", "clusterformer_lm_tiny")
+def clusterformer_lm_tiny(args):
+    """For tests and the demo: 4 layers of 64 dims, long-range layers 2 and 4, 16 clusters, windows of 64."""
+    args.decoder_layers = safe_getattr(args, "decoder_layers", 4)
+    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 4)
+    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 64)
+    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 256)
+    args.dropout = safe_getattr(args, "dropout", 0.1)
+    args.decoder_normalize_before = safe_getattr(args, "decoder_normalize_before", True)
+    args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
+    _long_range_defaults(args, "2,4", num_clusters=16, window=64, stride=32)
+    base_lm_architecture(args)

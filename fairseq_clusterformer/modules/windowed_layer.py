@@ -1,0 +1,127 @@
+"""One transformer layer (self-attention + FFN) run over a batch of windows.
+
+B = batch, T = tokens, C = channels, K = windows, Lq / Lk = queries / keys per window.
+
+Parameter names follow fairseq's TransformerEncoderLayer / TransformerDecoderLayer
+(``self_attn.{q,k,v,out}_proj``, ``self_attn_layer_norm``, ``fc1``, ``fc2``, ``final_layer_norm``), so a
+pretrained fairseq layer (RoBERTa's, a transformer_lm's) loads into a windowed one unchanged.
+Layers take and return B x T x C: windows and sorting gather along T, which is simplest batch-first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from fairseq import utils
+from fairseq.modules import LayerNorm
+from torch import Tensor, nn
+
+from fairseq_clusterformer.ops.attention import masked_attention
+from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation
+from fairseq_clusterformer.ops.window_scheme import WindowScheme
+
+
+@dataclass(frozen=True)
+class LayerSettings:
+    embed_dim: int
+    ffn_dim: int
+    heads: int
+    window_size: int
+    window_stride: int
+    causal: bool = True
+    normalize_before: bool = False
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation_fn: str = "relu"
+
+
+class SelfAttentionProjections(nn.Module):
+    """The four projections of fairseq's MultiheadAttention, under the same names and initialisation."""
+
+    def __init__(self, embed_dim: int, heads: int) -> None:
+        super().__init__()
+        if embed_dim % heads != 0:
+            raise ValueError(f"embedding dim {embed_dim} is not divisible by the number of attention heads {heads}")
+        self.num_heads = heads
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        # fairseq scales the in-projections by 1/sqrt(2): q, k and v share one fan-in
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=1 / math.sqrt(2))
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        nn.init.constant_(self.out_proj.bias, 0.0)
+
+
+class WindowedTransformerLayer(nn.Module):
+    def __init__(self, settings: LayerSettings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.self_attn = SelfAttentionProjections(settings.embed_dim, settings.heads)
+        self.self_attn_layer_norm = LayerNorm(settings.embed_dim)
+        self.fc1 = nn.Linear(settings.embed_dim, settings.ffn_dim)
+        self.fc2 = nn.Linear(settings.ffn_dim, settings.embed_dim)
+        self.final_layer_norm = LayerNorm(settings.embed_dim)
+        self.activation_fn = utils.get_activation_fn(settings.activation_fn)
+
+    def run_windows(
+        self,
+        x: Tensor,
+        scheme: WindowScheme,
+        padding_mask: Tensor | None,
+        order: Tensor | None = None,
+        ids: Tensor | None = None,
+    ) -> Tensor:
+        """Run the layer on every window of ``x`` (B x T x C) and return B x T x C in the input's order.
+
+        order: B x T permutation applied before windowing (a clustered layer's sort), or None;
+        ids: B x T cluster ids in sorted order, for the band scheme; padding_mask: B x T, True at pads.
+        """
+        bsz, length, channels = x.shape
+        s = self.settings
+        valid = torch.ones_like(x[..., 0], dtype=torch.bool) if padding_mask is None else ~padding_mask  # B x T
+        if order is None:
+            positions = torch.arange(length, device=x.device).expand(bsz, length)  # B x T
+        else:
+            x, valid, positions = gather_tokens(x, order), gather_tokens(valid, order), order  # sorted
+        allowed = scheme.mask(positions, valid, s.causal, ids).flatten(0, 1)  # (B*K) x Lq x Lk
+
+        h = self.self_attn_layer_norm(x) if s.normalize_before else x
+        # the projections act on each token alone, so they run once per token, before windowing
+        q = scheme.queries(self.self_attn.q_proj(h)).flatten(0, 1)  # (B*K) x Lq x C
+        k = scheme.keys(self.self_attn.k_proj(h)).flatten(0, 1)  # (B*K) x Lk x C
+        v = scheme.keys(self.self_attn.v_proj(h)).flatten(0, 1)  # (B*K) x Lk x C
+        attn_dropout = s.attention_dropout if self.training else 0.0
+        attn = masked_attention(q, k, v, allowed, s.heads, attn_dropout)  # (B*K) x Lq x C
+        attn = self.self_attn.out_proj(attn)
+
+        y = scheme.queries(x).flatten(0, 1) + self._dropout(attn, s.dropout)  # (B*K) x Lq x C
+        if not s.normalize_before:
+            y = self.self_attn_layer_norm(y)
+        y = self._feed_forward(y)
+        out = scheme.merge(y.view(bsz, scheme.count, -1, channels))  # B x T x C
+        if order is not None:
+            out = gather_tokens(out, inverse_permutation(order))
+        return out
+
+    def _feed_forward(self, y: Tensor) -> Tensor:
+        s = self.settings
+        h = self.final_layer_norm(y) if s.normalize_before else y
+        h = self._dropout(self.activation_fn(self.fc1(h)), s.activation_dropout)
+        y = y + self._dropout(self.fc2(h), s.dropout)
+        return y if s.normalize_before else self.final_layer_norm(y)
+
+    def _dropout(self, x: Tensor, p: float) -> Tensor:
+        return nn.functional.dropout(x, p=p, training=self.training) if p > 0 else x
+
+
+class SlidingWindowLayer(WindowedTransformerLayer):
+    """Paper section 3.1: a transformer layer on overlapping windows, overlaps averaged."""
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1))
+        return self.run_windows(x, scheme, padding_mask)

@@ -1,0 +1,1 @@
+"""Pure tensor functions of Cluster-Former. Nothing here imports fairseq."""

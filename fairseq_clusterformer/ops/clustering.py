@@ -1,0 +1,58 @@
+"""Cluster assignment and the sort / unsort permutations of a Cluster-Former layer.
+
+B = batch, T = tokens, C = channels, P = clusters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def assign_clusters(states: Tensor, centroids: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+    """Cluster id of every state: argmax of the cosine with the centroids (paper eq. 5).
+
+    states: B x T x C, centroids: P x C, padding_mask: B x T (True = pad).
+    Returns a LongTensor B x T. Pad positions get id P, one past the last cluster, so that a
+    stable sort moves them behind every real token and they never push a real token into
+    another window. The cosine is computed in float32: in fp16/bf16, near-ties between
+    neighbouring centroids would otherwise flip with rounding noise.
+    """
+    unit_states = torch.nn.functional.normalize(states.detach().float(), dim=-1)  # B x T x C
+    unit_centroids = torch.nn.functional.normalize(centroids.detach().float(), dim=-1)  # P x C
+    ids = torch.matmul(unit_states, unit_centroids.t()).argmax(dim=-1)  # B x T
+    if padding_mask is not None:
+        ids = ids.masked_fill(padding_mask, centroids.size(0))
+    return ids
+
+
+def stable_sort_order(keys: Tensor) -> Tensor:
+    """Permutation that sorts ``keys`` (B x T) along T, ties kept in position order (paper eq. 6).
+
+    Stability is what makes the sorted sequence list each cluster's tokens in their original
+    order, which both the causal masks and the strict mode's band rely on.
+    """
+    return torch.sort(keys, dim=1, stable=True).indices
+
+
+def inverse_permutation(order: Tensor) -> Tensor:
+    """Inverse of a batch of permutations (B x T): ``gather(gather(x, order), inverse) == x``."""
+    positions = torch.arange(order.size(1), device=order.device).expand_as(order)  # B x T
+    return torch.empty_like(order).scatter_(1, order, positions)
+
+
+def gather_tokens(x: Tensor, order: Tensor) -> Tensor:
+    """x[b, order[b, t]] for x of shape B x T x ... and order B x T (differentiable)."""
+    index = order.reshape(*order.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])  # B x T x ...
+    return torch.gather(x, 1, index)
+
+
+def cluster_size_entropy(ids: Tensor, num_clusters: int, padding_mask: Tensor | None = None) -> Tensor:
+    """Entropy (in bits) of the cluster-size histogram of real tokens: log2(P) when sizes are uniform,
+    0 when every token falls into one cluster. A scalar float32 tensor (no host sync)."""
+    flat = ids.reshape(-1)
+    # pads carry id P; dropping them by weight instead of boolean indexing avoids a host sync
+    weights = None if padding_mask is None else (~padding_mask).reshape(-1).float()
+    counts = torch.bincount(flat, weights=weights, minlength=num_clusters + 1)[:num_clusters].float()  # P
+    probs = counts / counts.sum().clamp(min=1)
+    return -(probs * torch.log2(probs.clamp(min=1e-12))).sum()

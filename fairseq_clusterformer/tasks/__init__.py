@@ -1,0 +1,1 @@
+from fairseq_clusterformer.tasks import clusterformer_lm  # noqa: F401
