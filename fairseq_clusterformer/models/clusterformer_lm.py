@@ -125,13 +125,22 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
         return cls(decoder)
 
 
+def _set_defaults(args, **defaults) -> None:
+    """Architecture presets: fill what the command line left unset (fairseq's arch-function convention)."""
+    for name, value in defaults.items():
+        setattr(args, name, safe_getattr(args, name, value))
+
+
 def _long_range_defaults(args, layers: str, num_clusters: int = 512, window: int = 256, stride: int = 128) -> None:
-    args.window_size = safe_getattr(args, "window_size", window)
-    args.window_stride = safe_getattr(args, "window_stride", stride)
-    args.long_range_layers = safe_getattr(args, "long_range_layers", layers)
-    args.long_range_layer = safe_getattr(args, "long_range_layer", "cluster")
-    args.num_clusters = safe_getattr(args, "num_clusters", num_clusters)
-    args.cluster_causality = safe_getattr(args, "cluster_causality", "strict")
+    _set_defaults(
+        args,
+        window_size=window,
+        window_stride=stride,
+        long_range_layers=layers,
+        long_range_layer="cluster",
+        num_clusters=num_clusters,
+        cluster_causality="strict",
+    )
 
 
 @register_model_architecture("clusterformer_lm", "clusterformer_lm_wiki103")
@@ -145,15 +154,18 @@ def clusterformer_lm_wiki103(args):
 @register_model_architecture("clusterformer_lm", "clusterformer_lm_enwik8")
 def clusterformer_lm_enwik8(args):
     """The paper's enwik8 model: 16 layers, 8 heads, 512 dims, byte vocabulary (tied input/output)."""
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 16)
-    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 8)
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 512)
-    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 2048)
-    args.dropout = safe_getattr(args, "dropout", 0.3)
-    args.attention_dropout = safe_getattr(args, "attention_dropout", 0.1)
-    args.activation_dropout = safe_getattr(args, "activation_dropout", 0.1)
-    args.decoder_normalize_before = safe_getattr(args, "decoder_normalize_before", True)
-    args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
+    _set_defaults(
+        args,
+        decoder_layers=16,
+        decoder_attention_heads=8,
+        decoder_embed_dim=512,
+        decoder_ffn_embed_dim=2048,
+        dropout=0.3,
+        attention_dropout=0.1,
+        activation_dropout=0.1,
+        decoder_normalize_before=True,
+        share_decoder_input_output_embed=True,
+    )
     _long_range_defaults(args, "11,15")
     base_lm_architecture(args)
 
@@ -161,12 +173,15 @@ def clusterformer_lm_enwik8(args):
 @register_model_architecture("clusterformer_lm", "clusterformer_lm_tiny")
 def clusterformer_lm_tiny(args):
     """For tests and the demo: 4 layers of 64 dims, long-range layers 2 and 4, 16 clusters, windows of 64."""
-    args.decoder_layers = safe_getattr(args, "decoder_layers", 4)
-    args.decoder_attention_heads = safe_getattr(args, "decoder_attention_heads", 4)
-    args.decoder_embed_dim = safe_getattr(args, "decoder_embed_dim", 64)
-    args.decoder_ffn_embed_dim = safe_getattr(args, "decoder_ffn_embed_dim", 256)
-    args.dropout = safe_getattr(args, "dropout", 0.1)
-    args.decoder_normalize_before = safe_getattr(args, "decoder_normalize_before", True)
-    args.share_decoder_input_output_embed = safe_getattr(args, "share_decoder_input_output_embed", True)
+    _set_defaults(
+        args,
+        decoder_layers=4,
+        decoder_attention_heads=4,
+        decoder_embed_dim=64,
+        decoder_ffn_embed_dim=256,
+        dropout=0.1,
+        decoder_normalize_before=True,
+        share_decoder_input_output_embed=True,
+    )
     _long_range_defaults(args, "2,4", num_clusters=16, window=64, stride=32)
     base_lm_architecture(args)

@@ -64,6 +64,7 @@ class CentroidRefresher:
         self.banks: list[MemoryBank] = []
         self.last_refresh_update = -1
         self.num_refreshes = 0
+        self.last_refresh_seconds = 0.0
 
     def attach(self, model: nn.Module) -> None:
         """Give every Cluster-Former layer of ``model`` a memory bank that its training forward fills."""
@@ -105,7 +106,9 @@ class CentroidRefresher:
     def check_backend(self) -> None:
         """Fail before training starts, not at the first refresh, when the K-Means backend is missing."""
         if self.layers and self.settings.backend == "faiss" and not faiss_available():
-            raise ValueError("--kmeans-backend faiss needs faiss: pip install faiss-cpu (or use --kmeans-backend torch)")
+            raise ValueError(
+                "--kmeans-backend faiss needs faiss: pip install faiss-cpu (or use --kmeans-backend torch)"
+            )
 
     def begin_epoch(self, epoch: int) -> None:
         self.check_backend()
@@ -143,16 +146,20 @@ class CentroidRefresher:
             if ok.item():
                 layer.set_centroids(centroids)
             seconds = time.perf_counter() - start
-            metrics.log_scalar(f"kmeans_s_{index}", seconds, weight=0, round=3)
-            metrics.log_scalar(f"bank_{index}", states.size(0), weight=0, round=0)
+            self.last_refresh_seconds = seconds
             logger.info(
                 f"K-Means refresh {self.num_refreshes + 1}, long-range layer {index}: {states.size(0)} states, "
                 f"{layer.num_clusters} clusters, {seconds:.2f}s ({self.settings.backend})"
             )
         self.num_refreshes += 1
 
-    def log_cluster_stats(self) -> None:
-        """Cluster-size entropy (bits) of the last training batch, per long-range layer."""
-        for index, layer in enumerate(self.layers):
+    def log_stats(self) -> None:
+        """Per training step: cluster-size entropy (bits) of the batch and bank fill per long-range layer, and the
+        duration of the last K-Means refresh. Logged every step so that no logging interval shows an empty meter."""
+        for index, (layer, bank) in enumerate(zip(self.layers, self.banks)):
             if layer.last_cluster_entropy is not None:
                 metrics.log_scalar(f"cluster_entropy_{index}", layer.last_cluster_entropy, weight=1, round=3)
+            metrics.log_scalar(f"bank_{index}", len(bank), weight=0, round=0)
+        if self.layers:
+            metrics.log_scalar("kmeans_s", self.last_refresh_seconds, weight=0, round=3)
+            metrics.log_scalar("kmeans_refreshes", self.num_refreshes, weight=0, round=0)

@@ -70,7 +70,8 @@ class ClusterFormerLayer(WindowedTransformerLayer):
     def set_centroids(self, centroids: Tensor) -> None:
         """Install new (already greedily ordered) centroids, P x C."""
         if centroids.shape != self.centroids.shape:
-            raise ValueError(f"new centroids have shape {tuple(centroids.shape)}, expected {tuple(self.centroids.shape)}")
+            expected = tuple(self.centroids.shape)
+            raise ValueError(f"new centroids have shape {tuple(centroids.shape)}, expected {expected}")
         self.centroids.copy_(centroids.to(self.centroids))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):

@@ -80,5 +80,5 @@ class ClusterFormerLMTask(LanguageModelingTask):
         # the first micro-batch of an update is the same moment on every rank: refresh there
         self.refresher.maybe_refresh(update_num)
         result = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
-        self.refresher.log_cluster_stats()
+        self.refresher.log_stats()
         return result

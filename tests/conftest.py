@@ -1,0 +1,43 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "fairseq_clusterformer"
+SLICE = Path(os.environ.get("CLUSTERFORMER_TEST_TEXT", REPO / "examples" / "data" / "wikitext-2-slice"))
+BIN = Path(sys.executable).parent
+
+
+def run_cli(tool, *args, cwd=None, timeout=900):
+    """Run a real fairseq console script (fairseq-train, fairseq-eval-lm, ...) and return its output."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    proc = subprocess.run(
+        [str(BIN / tool), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    return proc.returncode, proc.stdout
+
+
+def run_ok(tool, *args, **kw):
+    code, out = run_cli(tool, *args, **kw)
+    assert code == 0, f"{tool} failed ({code}):\n{out[-4000:]}"
+    return out
+
+
+@pytest.fixture(scope="session")
+def lm_data(tmp_path_factory):
+    """The committed WikiText-2 slice, binarised by the real fairseq-preprocess."""
+    dest = tmp_path_factory.mktemp("wikitext2") / "data-bin"
+    run_ok(
+        "fairseq-preprocess", "--only-source", "--trainpref", SLICE / "train.txt", "--validpref", SLICE / "valid.txt",
+        "--testpref", SLICE / "test.txt", "--destdir", dest, "--workers", "1",
+    )
+    return dest

@@ -1,0 +1,75 @@
+"""Slow, loop-based references for the windowed layers: one token and one key set at a time.
+
+They share nothing with the batched code in ``fairseq_clusterformer.ops`` but the layer's parameters,
+so agreement means the batched windowing, sorting, masking and merging are right.
+T = tokens, C = channels.
+"""
+
+import math
+
+import torch
+
+
+def token_output(layer, x, i, keys):
+    """Output of ``layer`` (a WindowedTransformerLayer, eval mode) for token i of x (T x C) attending to ``keys``."""
+    s = layer.settings
+    attn = layer.self_attn
+    h = layer.self_attn_layer_norm(x) if s.normalize_before else x
+    d = s.embed_dim // s.heads
+    q = attn.q_proj(h[i]).view(s.heads, d)  # H x d
+    k = attn.k_proj(h[keys]).view(len(keys), s.heads, d)  # n x H x d
+    v = attn.v_proj(h[keys]).view(len(keys), s.heads, d)
+    weights = torch.softmax(torch.einsum("hd,nhd->hn", q, k) / math.sqrt(d), dim=-1)  # H x n
+    mixed = attn.out_proj(torch.einsum("hn,nhd->hd", weights, v).reshape(-1))  # C
+    y = x[i] + mixed
+    if not s.normalize_before:
+        y = layer.self_attn_layer_norm(y)
+    return layer._feed_forward(y[None])[0]
+
+
+def windows_of(length, size, stride):
+    """Windows [k*m, k*m + l) clipped to the sequence, for every start below ``length``."""
+    return [list(range(start, min(start + size, length))) for start in range(0, length, stride)]
+
+
+def windowed_reference(layer, x, order, causal=True):
+    """Windows over the tokens listed in ``order``; keys with position <= the query's; mean over windows."""
+    s = layer.settings
+    total = torch.zeros_like(x)
+    count = torch.zeros(x.size(0), dtype=x.dtype)
+    for window in windows_of(x.size(0), s.window_size, s.window_stride):
+        members = [order[r] for r in window]
+        for i in members:
+            keys = [j for j in members if j <= i or not causal]
+            total[i] += token_output(layer, x, i, keys)
+            count[i] += 1
+    return total / count[:, None]
+
+
+def sliding_reference(layer, x, causal=True):
+    """Sliding-window layer on one sequence x (T x C): mean over the windows containing each token."""
+    return windowed_reference(layer, x, list(range(x.size(0))), causal)
+
+
+def cluster_ids_reference(x, centroids):
+    unit_x = x / x.norm(dim=-1, keepdim=True)
+    unit_c = centroids / centroids.norm(dim=-1, keepdim=True)
+    return [int(torch.argmax(unit_c.to(x) @ unit_x[t])) for t in range(x.size(0))]
+
+
+def cluster_paper_reference(layer, x, causal=True):
+    """Paper mode: sort by (cluster, position), then the windows of the sorted list."""
+    ids = cluster_ids_reference(x, layer.centroids)
+    return windowed_reference(layer, x, sorted(range(x.size(0)), key=lambda t: (ids[t], t)), causal)
+
+
+def cluster_strict_reference(layer, x):
+    """Strict mode: each token sees itself and its l - 1 most recent predecessors of its own cluster."""
+    s = layer.settings
+    ids = cluster_ids_reference(x, layer.centroids)
+    out = torch.zeros_like(x)
+    for i in range(x.size(0)):
+        same = [j for j in range(i) if ids[j] == ids[i]]
+        keys = same[max(0, len(same) - (s.window_size - 1)) :] + [i]
+        out[i] = token_output(layer, x, i, keys)
+    return out
