@@ -1,0 +1,29 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="fairseq_clusterformer",
+    version="0.1.0",
+    description="Cluster-Former (sliding-window + clustered attention) as a fairseq plug-in",
+    packages=find_packages(include=["fairseq_clusterformer", "fairseq_clusterformer.*"]),
+    python_requires=">=3.9",
+    install_requires=[
+        "torch>=2.0",
+        # fairseq 0.12.2 does not run on Python 3.11 (mutable dataclass defaults); fairseq-fixed is the same code
+        # with that fixed and hydra-core 1.3 / omegaconf 2.3.
+        'fairseq==0.12.2; python_version < "3.11"',
+        'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
+        # both fairseq packages still call np.compat.long, which numpy 2 removed
+        "numpy<2",
+        "faiss-cpu",
+        "sentencepiece",
+        "tensorboard",
+    ],
+    extras_require={
+        "dev": ["pytest", "hypothesis", "ruff==0.17.6", "matplotlib"],
+        # faiss-gpu >= 1.14.3 is the official facebookresearch wheel (CUDA 12, Python >= 3.10, numpy >= 1.25);
+        # older releases under that name are unofficial and stop at Python 3.10. It installs the same `faiss`
+        # package as faiss-cpu: after `pip install -e ".[gpu]"` run
+        # `pip uninstall -y faiss-cpu && pip install --force-reinstall --no-deps faiss-gpu`.
+        "gpu": ["faiss-gpu>=1.14.3"],
+    },
+)
