@@ -8,8 +8,8 @@ setup(
     python_requires=">=3.9",
     install_requires=[
         "torch>=2.0",
-        # fairseq 0.12.2 does not run on Python 3.11 (mutable dataclass defaults); fairseq-fixed is the same code
-        # with that fixed and hydra-core 1.3 / omegaconf 2.3.
+        # fairseq 0.12.2 does not run on Python 3.11 (mutable dataclass defaults); fairseq-fixed is a community
+        # release of the same code base with that fixed, on hydra-core 1.3 / omegaconf 2.3.
         'fairseq==0.12.2; python_version < "3.11"',
         'fairseq-fixed==0.12.3.1; python_version >= "3.11"',
         # both fairseq packages still call np.compat.long, which numpy 2 removed
@@ -20,9 +20,9 @@ setup(
     ],
     extras_require={
         "dev": ["pytest", "hypothesis", "ruff==0.17.6", "matplotlib"],
-        # faiss-gpu >= 1.14.3 is the official facebookresearch wheel (CUDA 12, Python >= 3.10, numpy >= 1.25);
-        # older releases under that name are unofficial and stop at Python 3.10. It installs the same `faiss`
-        # package as faiss-cpu: after `pip install -e ".[gpu]"` run
+        # faiss-gpu >= 1.14.3 is the official facebookresearch wheel (CUDA 12, Python >= 3.10, numpy >= 1.25); the
+        # older releases under that name (up to 1.7.2) are unofficial and stop at Python 3.10. It installs the same
+        # `faiss` package as faiss-cpu: after `pip install -e ".[gpu]"` run
         # `pip uninstall -y faiss-cpu && pip install --force-reinstall --no-deps faiss-gpu`.
         "gpu": ["faiss-gpu>=1.14.3"],
     },
