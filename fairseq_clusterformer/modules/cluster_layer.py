@@ -14,8 +14,7 @@ from fairseq_clusterformer.modules.windowed_layer import LayerSettings, Windowed
 from fairseq_clusterformer.ops.clustering import (
     assign_clusters,
     cluster_size_entropy,
-    gather_tokens,
-    stable_sort_order,
+    stable_sort,
 )
 from fairseq_clusterformer.ops.kmeans import random_ordered_centroids
 from fairseq_clusterformer.ops.window_scheme import WindowScheme
@@ -60,11 +59,11 @@ class ClusterFormerLayer(WindowedTransformerLayer):
         if self.training and self.state_sink is not None:
             self.state_sink(x.detach(), padding_mask)
         ids = self.cluster_ids(x, padding_mask)  # B x T
-        order = stable_sort_order(ids)  # B x T
+        sorted_ids, order = stable_sort(ids)  # B x T each
         if self.training:
             self.last_cluster_entropy = cluster_size_entropy(ids, self.num_clusters, padding_mask)
         scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1), band=self.band)
-        return self.run_windows(x, scheme, padding_mask, order=order, ids=gather_tokens(ids, order))
+        return self.run_windows(x, scheme, padding_mask, order=order, ids=sorted_ids)
 
     @torch.no_grad()
     def set_centroids(self, centroids: Tensor) -> None:

@@ -26,13 +26,15 @@ def assign_clusters(states: Tensor, centroids: Tensor, padding_mask: Tensor | No
     return ids
 
 
-def stable_sort_order(keys: Tensor) -> Tensor:
-    """Permutation that sorts ``keys`` (B x T) along T, ties kept in position order (paper eq. 6).
+def stable_sort(keys: Tensor) -> tuple[Tensor, Tensor]:
+    """Sort ``keys`` (B x T) along T, ties kept in position order (paper eq. 6).
 
+    Returns (sorted keys, order), both B x T, with ``sorted keys = gather(keys, order)``.
     Stability is what makes the sorted sequence list each cluster's tokens in their original
     order, which both the causal masks and the strict mode's band rely on.
     """
-    return torch.sort(keys, dim=1, stable=True).indices
+    result = torch.sort(keys, dim=1, stable=True)
+    return result.values, result.indices
 
 
 def inverse_permutation(order: Tensor) -> Tensor:
