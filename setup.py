@@ -18,6 +18,15 @@ setup(
         "sentencepiece",
         "tensorboard",
     ],
+    entry_points={
+        "console_scripts": [
+            "fairseq-clusterformer-inspect = fairseq_clusterformer.scripts.inspect_clusters:cli_main",
+            "fairseq-clusterformer-qa-convert = fairseq_clusterformer.scripts.qa_convert:cli_main",
+            "fairseq-clusterformer-qa-binarize = fairseq_clusterformer.scripts.qa_binarize:cli_main",
+            "fairseq-clusterformer-qa-predict = fairseq_clusterformer.scripts.qa_predict:cli_main",
+            "fairseq-clusterformer-train-spm = fairseq_clusterformer.scripts.train_sentencepiece:cli_main",
+        ],
+    },
     extras_require={
         "dev": ["pytest", "hypothesis", "ruff==0.17.6", "matplotlib"],
         # faiss-gpu >= 1.14.3 is the official facebookresearch wheel (CUDA 12, Python >= 3.10, numpy >= 1.25); the

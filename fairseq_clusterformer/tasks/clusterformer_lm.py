@@ -1,57 +1,11 @@
 """The Cluster-Former language-modeling task: fairseq's language_modeling plus the memory-bank K-Means hook."""
 
+from dataclasses import dataclass
 
-from dataclasses import dataclass, field
-
-from fairseq.dataclass import ChoiceEnum
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-
-KMEANS_BACKENDS = ("faiss", "torch")
-
-
-@dataclass
-class MemoryBankConfig:
-    """The K-Means hook's flags; shared by every Cluster-Former task."""
-
-    memory_size: int = field(
-        default=100_000, metadata={"help": "states kept per long-range layer for K-Means (all ranks together)"}
-    )
-    cluster_update_interval: int = field(
-        default=0, metadata={"help": "updates between centroid refreshes; 0 = at the start of every epoch"}
-    )
-    kmeans_iters: int = field(default=20, metadata={"help": "K-Means iterations per refresh"})
-    memory_sample_per_batch: int = field(
-        default=0, metadata={"help": "random states per batch and layer written to the bank; 0 = all"}
-    )
-    kmeans_backend: ChoiceEnum(KMEANS_BACKENDS) = field(
-        default="faiss", metadata={"help": "faiss (GPU index when the model is on a GPU) or plain torch"}
-    )
-
-
-def refresh_settings(cfg) -> RefreshSettings:
-    for flag, value in (
-        ("--memory-size", cfg.memory_size),
-        ("--kmeans-iters", cfg.kmeans_iters),
-    ):
-        if value < 1:
-            raise ValueError(f"{flag} must be positive, got {value}")
-    for flag, value in (
-        ("--cluster-update-interval", cfg.cluster_update_interval),
-        ("--memory-sample-per-batch", cfg.memory_sample_per_batch),
-    ):
-        if value < 0:
-            raise ValueError(f"{flag} must be >= 0, got {value}")
-    return RefreshSettings(
-        memory_size=cfg.memory_size,
-        sample_per_batch=cfg.memory_sample_per_batch,
-        interval=cfg.cluster_update_interval,
-        iters=cfg.kmeans_iters,
-        backend=str(cfg.kmeans_backend),
-        seed=cfg.seed,
-    )
+from fairseq_clusterformer.tasks.centroid_hooks import CentroidRefreshHooks, MemoryBankConfig
 
 
 @dataclass
@@ -60,25 +14,9 @@ class ClusterFormerLMTaskConfig(LanguageModelingConfig, MemoryBankConfig):
 
 
 @register_task("clusterformer_lm", dataclass=ClusterFormerLMTaskConfig)
-class ClusterFormerLMTask(LanguageModelingTask):
+class ClusterFormerLMTask(CentroidRefreshHooks, LanguageModelingTask):
     """Language modeling whose training fills the memory banks and refreshes the centroids with K-Means."""
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         super().__init__(args, dictionary, output_dictionary, targets)
-        self.refresher = CentroidRefresher(refresh_settings(args))
-
-    def build_model(self, args, from_checkpoint=False):
-        model = super().build_model(args, from_checkpoint)
-        self.refresher.attach(model)
-        return model
-
-    def begin_epoch(self, epoch, model):
-        super().begin_epoch(epoch, model)
-        self.refresher.begin_epoch(epoch)
-
-    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        # the first micro-batch of an update is the same moment on every rank: refresh there
-        self.refresher.maybe_refresh(update_num)
-        result = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
-        self.refresher.log_stats()
-        return result
+        self.init_centroid_refresh(args)

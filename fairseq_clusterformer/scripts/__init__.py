@@ -1,0 +1,1 @@
+"""Console scripts: data preparation and inspection tools (entry points in setup.py)."""
