@@ -57,19 +57,58 @@ def cluster_ids_reference(x, centroids):
     return [int(torch.argmax(unit_c.to(x) @ unit_x[t])) for t in range(x.size(0))]
 
 
-def cluster_paper_reference(layer, x, causal=True):
-    """Paper mode: sort by (cluster, position), then the windows of the sorted list."""
-    ids = cluster_ids_reference(x, layer.centroids)
+def sorted_paper_reference(layer, x, ids, causal=True):
+    """Paper mode: sort by (group, position), then the windows of the sorted list."""
     return windowed_reference(layer, x, sorted(range(x.size(0)), key=lambda t: (ids[t], t)), causal)
 
 
-def cluster_strict_reference(layer, x):
-    """Strict mode: each token sees itself and its l - 1 most recent predecessors of its own cluster."""
+def sorted_strict_reference(layer, x, ids):
+    """Strict mode: each token sees itself and its l - 1 most recent predecessors of its own group."""
     s = layer.settings
-    ids = cluster_ids_reference(x, layer.centroids)
     out = torch.zeros_like(x)
     for i in range(x.size(0)):
         same = [j for j in range(i) if ids[j] == ids[i]]
         keys = same[max(0, len(same) - (s.window_size - 1)) :] + [i]
         out[i] = token_output(layer, x, i, keys)
     return out
+
+
+def cluster_paper_reference(layer, x, causal=True):
+    return sorted_paper_reference(layer, x, cluster_ids_reference(x, layer.centroids), causal)
+
+
+def cluster_strict_reference(layer, x):
+    return sorted_strict_reference(layer, x, cluster_ids_reference(x, layer.centroids))
+
+
+def lsh_ids_reference(x, rotations):
+    """Reformer's hash, one token at a time: argmax over the projections on R and on -R."""
+    ids = []
+    for t in range(x.size(0)):
+        projected = x[t].float() @ rotations.float()
+        ids.append(int(torch.argmax(torch.cat([projected, -projected]))))
+    return ids
+
+
+def attention_merge_reference(layer, x, causal=True):
+    """--window-merge attention on one sequence: per token, the mean over its windows of the attention output
+    (before out_proj; it is affine, so after would be the same), then residual, norm and FFN once."""
+    s = layer.settings
+    attn = layer.self_attn
+    h = layer.self_attn_layer_norm(x) if s.normalize_before else x
+    d = s.embed_dim // s.heads
+    total = torch.zeros_like(x)
+    count = torch.zeros(x.size(0), dtype=x.dtype)
+    for window in windows_of(x.size(0), s.window_size, s.window_stride):
+        for i in window:
+            keys = [j for j in window if j <= i or not causal]
+            q = attn.q_proj(h[i]).view(s.heads, d)  # H x d
+            k = attn.k_proj(h[keys]).view(len(keys), s.heads, d)  # n x H x d
+            v = attn.v_proj(h[keys]).view(len(keys), s.heads, d)
+            weights = torch.softmax(torch.einsum("hd,nhd->hn", q, k) / math.sqrt(d), dim=-1)  # H x n
+            total[i] += torch.einsum("hn,nhd->hd", weights, v).reshape(-1)
+            count[i] += 1
+    y = x + attn.out_proj(total / count[:, None])
+    if not s.normalize_before:
+        y = layer.self_attn_layer_norm(y)
+    return layer._feed_forward(y)

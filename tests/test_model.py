@@ -5,6 +5,7 @@ import torch
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
+from fairseq_clusterformer.modules.baseline_layers import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
 from fairseq_clusterformer.modules.windowed_layer import SlidingWindowLayer
 from tests.conftest import PACKAGE
@@ -110,3 +111,24 @@ def test_centroids_are_in_the_state_dict_and_a_mismatch_names_the_flag(lm_data):
     _, other = build(lm_data, "--num-clusters", "8")
     with pytest.raises(ValueError, match="--num-clusters"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "kind,layer_type", [("lsh", LSHLayer), ("sparse", StridedSparseLayer), ("cluster", ClusterFormerLayer)]
+)
+@pytest.mark.parametrize("merge", ["layer", "attention"])
+def test_every_long_range_kind_and_merge_builds_from_the_flags_and_trains_a_step(lm_data, kind, layer_type, merge):
+    _, model = build(lm_data, "--long-range-layer", kind, "--window-merge", merge)
+    kinds = [type(layer) for layer in model.decoder.layers]
+    assert kinds == [SlidingWindowLayer, layer_type, SlidingWindowLayer, layer_type]
+    assert all(layer.settings.window_merge == merge for layer in model.decoder.layers)
+    model.train()
+    tokens = torch.randint(4, 100, (2, 150))
+    logits, _ = model(tokens)
+    logits.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
+
+
+def test_an_odd_lsh_bucket_count_names_the_flag(lm_data):
+    with pytest.raises(ValueError, match="--num-clusters"):
+        build(lm_data, "--long-range-layer", "lsh", "--num-clusters", "15")

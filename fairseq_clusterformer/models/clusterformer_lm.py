@@ -24,7 +24,7 @@ from fairseq_clusterformer.modules.decoder import (
     LongRangePlan,
     parse_layer_list,
 )
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.modules.windowed_layer import WINDOW_MERGE_CHOICES, LayerSettings
 from fairseq_clusterformer.ops.windows import check_window
 
 
@@ -38,9 +38,24 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
         default="11,15", metadata={"help": "comma-separated 1-based numbers of the long-range layers"}
     )
     long_range_layer: ChoiceEnum(LONG_RANGE_CHOICES) = field(
-        default="cluster", metadata={"help": "what the long-range layers run; 'none' = sliding window everywhere"}
+        default="cluster",
+        metadata={
+            "help": "what the long-range layers run: 'cluster' = Cluster-Former, 'lsh' = Reformer-style LSH buckets, "
+            "'sparse' = attention across windows at the same offset (Sparse Transformer's strided pattern), "
+            "'none' = sliding window everywhere (the paper's baselines, DESIGN section 5)"
+        },
     )
-    num_clusters: int = field(default=512, metadata={"help": "number of K-Means clusters per long-range layer"})
+    num_clusters: int = field(
+        default=512,
+        metadata={"help": "K-Means clusters per long-range layer (LSH buckets with --long-range-layer lsh; even)"},
+    )
+    window_merge: ChoiceEnum(WINDOW_MERGE_CHOICES) = field(
+        default="layer",
+        metadata={
+            "help": "'layer' (the paper): every window runs the whole layer and overlapping outputs are averaged; "
+            "'attention' (faster): only attention outputs are averaged and the FFN runs once per token"
+        },
+    )
     cluster_causality: ChoiceEnum(CAUSALITY_CHOICES) = field(
         default="strict",
         metadata={
@@ -78,6 +93,7 @@ def layer_settings(args) -> LayerSettings:
         attention_dropout=args.attention_dropout,
         activation_dropout=safe_getattr(args, "activation_dropout", 0.0) or safe_getattr(args, "relu_dropout", 0.0),
         activation_fn=args.activation_fn,
+        window_merge=str(safe_getattr(args, "window_merge", "layer")),
     )
 
 
@@ -140,6 +156,7 @@ def _long_range_defaults(args, layers: str, num_clusters: int = 512, window: int
         long_range_layer="cluster",
         num_clusters=num_clusters,
         cluster_causality="strict",
+        window_merge="layer",
     )
 
 

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from torch import Tensor, nn
 
+from fairseq_clusterformer.modules.baseline_layers import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings, SlidingWindowLayer
 
-LONG_RANGE_CHOICES = ("cluster", "none")
+LONG_RANGE_CHOICES = ("cluster", "lsh", "sparse", "none")
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,15 @@ def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layer
 
 def build_layer(index: int, settings: LayerSettings, plan: LongRangePlan) -> nn.Module:
     """Layer number ``index`` (1-based)."""
-    if index in plan.layers and plan.kind == "cluster":
-        return ClusterFormerLayer(settings, plan.num_clusters, plan.causality)
-    if index in plan.layers and plan.kind != "none":
+    if plan.kind not in LONG_RANGE_CHOICES:
         raise ValueError(f"--long-range-layer must be one of {LONG_RANGE_CHOICES}, got {plan.kind!r}")
-    return SlidingWindowLayer(settings)
+    if index not in plan.layers or plan.kind == "none":
+        return SlidingWindowLayer(settings)
+    if plan.kind == "cluster":
+        return ClusterFormerLayer(settings, plan.num_clusters, plan.causality)
+    if plan.kind == "lsh":
+        return LSHLayer(settings, plan.num_clusters, plan.causality)
+    return StridedSparseLayer(settings, plan.causality)
 
 
 class ClusterFormerDecoder(TransformerDecoderBase):

@@ -22,6 +22,8 @@ from fairseq_clusterformer.ops.attention import masked_attention
 from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation
 from fairseq_clusterformer.ops.window_scheme import WindowScheme
 
+WINDOW_MERGE_CHOICES = ("layer", "attention")
+
 
 @dataclass(frozen=True)
 class LayerSettings:
@@ -36,6 +38,14 @@ class LayerSettings:
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     activation_fn: str = "relu"
+    # "layer": the paper, the whole layer runs per window and overlapping outputs are averaged; "attention": only
+    # the attention outputs are averaged, then residual, norm and FFN run once per token (half the FFN work at
+    # stride l/2). The two agree wherever windows do not overlap (strict causality's band, stride == size).
+    window_merge: str = "layer"
+
+    def __post_init__(self) -> None:
+        if self.window_merge not in WINDOW_MERGE_CHOICES:
+            raise ValueError(f"--window-merge must be one of {WINDOW_MERGE_CHOICES}, got {self.window_merge!r}")
 
 
 class SelfAttentionProjections(nn.Module):
@@ -97,16 +107,25 @@ class WindowedTransformerLayer(nn.Module):
         v = scheme.keys(self.self_attn.v_proj(h)).flatten(0, 1)  # (B*K) x Lk x C
         attn_dropout = s.attention_dropout if self.training else 0.0
         attn = masked_attention(q, k, v, allowed, s.heads, attn_dropout)  # (B*K) x Lq x C
-        attn = self.self_attn.out_proj(attn)
 
-        y = scheme.queries(x).flatten(0, 1) + self._dropout(attn, s.dropout)  # (B*K) x Lq x C
-        if not s.normalize_before:
-            y = self.self_attn_layer_norm(y)
-        y = self._feed_forward(y)
-        out = scheme.merge(y.view(bsz, scheme.count, -1, channels))  # B x T x C
+        if s.window_merge == "attention":
+            # average the (pre-projection) attention outputs of overlapping windows, then finish the layer once
+            # per token; out_proj is affine, so projecting after the mean equals the mean of the projections
+            attn = scheme.merge(attn.view(bsz, scheme.count, -1, channels))  # B x T x C
+            out = self._finish(x, self.self_attn.out_proj(attn))  # B x T x C
+        else:
+            y = self._finish(scheme.queries(x).flatten(0, 1), self.self_attn.out_proj(attn))  # (B*K) x Lq x C
+            out = scheme.merge(y.view(bsz, scheme.count, -1, channels))  # B x T x C
         if order is not None:
             out = gather_tokens(out, inverse_permutation(order))
         return out
+
+    def _finish(self, x: Tensor, attn: Tensor) -> Tensor:
+        """Residual, attention norm and FFN block on any ... x C layout."""
+        y = x + self._dropout(attn, self.settings.dropout)
+        if not self.settings.normalize_before:
+            y = self.self_attn_layer_norm(y)
+        return self._feed_forward(y)
 
     def _feed_forward(self, y: Tensor) -> Tensor:
         s = self.settings
