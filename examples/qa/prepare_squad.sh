@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# SQuAD (https://rajpurkar.github.io/SQuAD-explorer/) as long-context QA: each article is one context.
+#   bash examples/qa/prepare_squad.sh [--version 1.1|2.0] [--data DIR] [--split-dev N] [--out DIR] [--bpe-dir DIR]
+#       [--spm-vocab N]
+# --data DIR: use DIR/train-vV.json and DIR/dev-vV.json instead of downloading them.
+# --split-dev N: no training file; the first N articles of dev-vV.json are the train split, the rest valid
+#   (e.g. --data ../shared/data/squad --split-dev 40 for the 48-article v1.1 dev set).
+NAME=squad VERSION=1.1 SPLIT_DEV=""
+handle_flag() {
+    case "$1" in --version) VERSION="$2" ;; --split-dev) SPLIT_DEV="$2" ;; *) return 1 ;; esac
+}
+source "$(dirname "$0")/prepare_common.sh"
+parse_flags "$@"
+
+SRC="${DATA:-$OUT/download}"
+if [[ -z "$DATA" ]]; then
+    for split in train dev; do
+        [[ -n "$SPLIT_DEV" && $split == train ]] && continue
+        fetch "https://rajpurkar.github.io/SQuAD-explorer/dataset/$split-v$VERSION.json" "$SRC/$split-v$VERSION.json"
+    done
+fi
+DEV="$SRC/dev-v$VERSION.json"
+if [[ -n "$SPLIT_DEV" ]]; then
+    convert squad "$DEV" "$OUT/jsonl/train.jsonl" --articles "0:$SPLIT_DEV"
+    convert squad "$DEV" "$OUT/jsonl/valid.jsonl" --articles "$SPLIT_DEV:"
+else
+    convert squad "$SRC/train-v$VERSION.json" "$OUT/jsonl/train.jsonl"
+    convert squad "$DEV" "$OUT/jsonl/valid.jsonl"
+fi
+binarize --train "$OUT/jsonl/train.jsonl" --valid "$OUT/jsonl/valid.jsonl"

@@ -1,0 +1,170 @@
+"""fairseq-clusterformer-qa-binarize: QA JSONL records -> fairseq indexed datasets for the clusterformer_qa task.
+
+    fairseq-clusterformer-qa-binarize --tokenizer gpt2 --encoder-json encoder.json --vocab-bpe vocab.bpe \
+        --dict dict.txt --train train.jsonl --valid valid.jsonl --destdir data-bin/squad
+
+Bad records (malformed, empty context, answer offsets that do not match the text, questions over
+--max-question-tokens) are skipped with a message naming the file, line and id; answers beyond
+--max-context-tokens are dropped and counted. The counts per reason are printed at the end and stored in
+qa_config.json. Every output file is written under a temporary name and renamed once its split is complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from fairseq.data import Dictionary
+
+from fairseq_clusterformer.data.atomic_files import atomic_group, atomic_open
+from fairseq_clusterformer.data.qa_binarized import CONFIG, QABinarizedWriter, load_config, save_config
+from fairseq_clusterformer.data.qa_encode import RecordEncoder
+from fairseq_clusterformer.data.qa_records import SkipLog, find_occurrences, read_records
+from fairseq_clusterformer.data.qa_tokenizers import (
+    PARAGRAPH_TOKEN,
+    GPT2BPETokenizer,
+    SentencePieceTokenizer,
+    add_paragraph_token,
+    sentencepiece_dictionary,
+)
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fairseq-clusterformer-qa-binarize", description=__doc__.split("\n")[0])
+    parser.add_argument("--tokenizer", choices=["gpt2", "sentencepiece"], default="gpt2")
+    parser.add_argument("--encoder-json", help="GPT-2 encoder.json (local file; --tokenizer gpt2)")
+    parser.add_argument("--vocab-bpe", help="GPT-2 vocab.bpe (local file; --tokenizer gpt2)")
+    parser.add_argument("--dict", help="fairseq's GPT-2 dict.txt (--tokenizer gpt2)")
+    parser.add_argument("--sentencepiece-model", help="model from fairseq-clusterformer-train-spm")
+    for split in ("train", "valid", "test"):
+        parser.add_argument(f"--{split}", metavar="JSONL", help=f"QA records of the {split} split")
+    parser.add_argument("--split", action="append", default=[], metavar="NAME=JSONL", help="another split")
+    parser.add_argument("--destdir", required=True)
+    parser.add_argument("--max-context-tokens", type=int, default=10000, help="longer contexts keep what fits")
+    parser.add_argument("--max-question-tokens", type=int, default=128, help="longer questions are skipped")
+    parser.add_argument(
+        "--find-all-occurrences",
+        action="store_true",
+        help="distant supervision: add every whole-word, case-insensitive occurrence of the answers to the spans",
+    )
+    parser.add_argument(
+        "--drop-unreachable",
+        action="store_true",
+        help="skip examples whose gold answer is not in the (truncated) context, e.g. for a training split",
+    )
+    return parser
+
+
+def _splits(args: argparse.Namespace) -> dict[str, str]:
+    splits = {s: getattr(args, s) for s in ("train", "valid", "test") if getattr(args, s)}
+    for item in args.split:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--split {item!r}: expected NAME=JSONL")
+        splits[name] = path
+    if not splits:
+        raise ValueError("give at least one of --train, --valid, --test or --split NAME=JSONL")
+    for name, path in splits.items():
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"--{name if name in ('train', 'valid', 'test') else 'split'}: no such file {path}")
+    return splits
+
+
+def _tokenizer(args: argparse.Namespace):
+    """Tokeniser and dictionary; a dict.txt already in --destdir (from an earlier split) is reused as is."""
+    existing = os.path.join(args.destdir, "dict.txt")
+    if args.tokenizer == "gpt2":
+        for flag in ("encoder_json", "vocab_bpe", "dict"):
+            if not getattr(args, flag):
+                raise ValueError(f"--tokenizer gpt2 needs --{flag.replace('_', '-')}")
+        if not os.path.isfile(args.dict):
+            raise FileNotFoundError(f"--dict: no such file {args.dict}")
+        dictionary = Dictionary.load(existing if os.path.isfile(existing) else args.dict)
+        add_paragraph_token(dictionary)
+        return GPT2BPETokenizer(args.encoder_json, args.vocab_bpe, dictionary), dictionary
+    if not args.sentencepiece_model:
+        raise ValueError("--tokenizer sentencepiece needs --sentencepiece-model")
+    if not os.path.isfile(args.sentencepiece_model):
+        raise FileNotFoundError(f"--sentencepiece-model: no such file {args.sentencepiece_model}")
+    dictionary = (
+        Dictionary.load(existing) if os.path.isfile(existing) else sentencepiece_dictionary(args.sentencepiece_model)
+    )
+    add_paragraph_token(dictionary)
+    return SentencePieceTokenizer(args.sentencepiece_model, dictionary), dictionary
+
+
+def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionary: Dictionary) -> dict:
+    log = SkipLog()
+    unreachable = 0
+    with atomic_group() as files:
+        writer = QABinarizedWriter(args.destdir, name, len(dictionary), files)
+        for where, record in read_records(path, log):
+            if args.find_all_occurrences:
+                found = {tuple(s) for s in find_occurrences(record.paragraphs, record.answers)}
+                record = dataclasses.replace(
+                    record, spans=[list(s) for s in sorted(found | set(map(tuple, record.spans)))]
+                )
+            example = encoder.encode(record, where, log)
+            if example is None:
+                continue
+            if not example.meta["gold_in_context"]:
+                if args.drop_unreachable:
+                    log.skip(where, "answer_not_in_context", "no gold answer lies in the kept context")
+                    continue
+                unreachable += 1
+            writer.add(example)
+        writer.close()
+        if writer.count == 0:
+            raise ValueError(f"{path}: no usable example (see the messages above); nothing written for split {name}")
+    print(
+        f"| {name}: {path} -> {os.path.join(args.destdir, name)}.*: {log.summary(writer.count)}; "
+        f"{unreachable} kept with their gold answer outside the context",
+        file=sys.stderr,
+    )
+    return {
+        "source": os.path.abspath(path),
+        "examples": writer.count,
+        "gold_not_in_context": unreachable,
+        "skipped": dict(sorted(log.skipped.items())),
+        "answers_lost": dict(sorted(log.lost.items())),
+    }
+
+
+def main(args: argparse.Namespace) -> None:
+    splits = _splits(args)
+    tokenizer, dictionary = _tokenizer(args)
+    os.makedirs(args.destdir, exist_ok=True)
+    config_path = os.path.join(args.destdir, CONFIG)
+    config = load_config(args.destdir) if os.path.isfile(config_path) else {}
+    if config and config.get("tokenizer") != args.tokenizer:
+        raise ValueError(f"{config_path} was written with --tokenizer {config.get('tokenizer')}; use another --destdir")
+    config.update(tokenizer.config())
+    config.update(
+        paragraph_token=PARAGRAPH_TOKEN,
+        max_context_tokens=args.max_context_tokens,
+        max_question_tokens=args.max_question_tokens,
+    )
+    config.setdefault("splits", {})
+    with atomic_open(os.path.join(args.destdir, "dict.txt")) as f:
+        dictionary.save(f)
+    encoder = RecordEncoder(
+        tokenizer, dictionary.index(PARAGRAPH_TOKEN), args.max_context_tokens, args.max_question_tokens
+    )
+    for name, path in splits.items():
+        config["splits"][name] = binarize_split(args, name, path, encoder, dictionary)
+        save_config(args.destdir, config)
+
+
+def cli_main() -> None:
+    args = get_parser().parse_args()
+    try:
+        main(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"fairseq-clusterformer-qa-binarize: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    cli_main()
