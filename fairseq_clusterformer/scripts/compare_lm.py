@@ -1,0 +1,315 @@
+"""Re-run the paper's Table 3 (language modelling) at a chosen scale: every row through the real fairseq-train and
+fairseq-eval-lm, with equal parameters and updates, into one markdown table.
+
+    python -m fairseq_clusterformer.scripts.compare_lm --preset small --work compare-work/small
+
+Rows: sliding window (``--long-range-layer none``), sparse attention, LSH (64 buckets, as the paper sets it) and
+Cluster-Former with 64 / 256 / 512 clusters, the long-range rows in strict and in paper causality. Levels: ``word``
+(perplexity) and ``char`` (bits per character, one token per byte). Each finished row leaves ``result.json`` in its
+folder, so a second run skips it: the driver is resumable, and an interrupted row restarts from scratch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from fairseq_clusterformer.scripts import compare_presets as presets
+from fairseq_clusterformer.scripts.compare_presets import LEVELS, PRESETS, ROWS, Row, Scale
+from fairseq_clusterformer.scripts.prepare_enwik8 import split_bytes, write_splits
+
+PACKAGE = Path(__file__).resolve().parent.parent
+SHARED_DATA = PACKAGE.parent.parent / "shared" / "data"
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    """A fairseq console script: the one beside this Python first, then PATH."""
+    local = BIN / name
+    found = str(local) if local.exists() else shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(f"{name} not found beside {sys.executable} or on PATH: install fairseq")
+    return found
+
+
+def split_at_article(lines: list[str]) -> int:
+    """Index of the line that starts the WikiText article nearest to the middle of ``lines`` (by words).
+
+    An article opens with a blank line and a `` = Title = `` line; the cut goes before the blank line, so both halves
+    hold whole articles. Text without article titles is cut at the middle line.
+    """
+    words = [len(line.split()) + 1 for line in lines]
+    half, seen, best = sum(words) / 2, 0, None
+    for index, line in enumerate(lines):
+        title = re.fullmatch(r" = [^=].* = \n?", line)
+        if title and index > 0:
+            cut = index - 1 if not lines[index - 1].strip() else index
+            if cut > 0 and (best is None or abs(seen - half) < abs(best[1] - half)):
+                best = (cut, sum(words[:cut]))
+        seen += words[index]
+    return best[0] if best else max(1, len(lines) // 2)
+
+
+def binarise(text_dir: Path, dest: Path) -> Path:
+    """fairseq-preprocess train/valid/test.txt of ``text_dir`` into ``dest`` (skipped when already there)."""
+    if (dest / "dict.txt").exists():
+        return dest
+    command = [tool("fairseq-preprocess"), "--only-source", "--destdir", str(dest), "--workers", "1"]
+    for split in ("train", "valid", "test"):
+        command += [f"--{split}pref", str(text_dir / f"{split}.txt")]
+    proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise RuntimeError(f"fairseq-preprocess failed on {text_dir}:\n{proc.stdout[-3000:]}")
+    return dest
+
+
+def prepare_word(train: Path, evaluation: Path, level_dir: Path) -> Path:
+    """Train on ``train``; split ``evaluation`` at an article boundary into valid (first half) and test (second)."""
+    for flag, path in (("--word-train", train), ("--word-eval", evaluation)):
+        if not path.is_file():
+            raise FileNotFoundError(f"{flag} {path}: no such file")
+    text = level_dir / "text"
+    text.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(train, text / "train.txt")
+    lines = evaluation.read_text(encoding="utf-8").splitlines(keepends=True)
+    cut = split_at_article(lines)
+    (text / "valid.txt").write_text("".join(lines[:cut]), encoding="utf-8")
+    (text / "test.txt").write_text("".join(lines[cut:]), encoding="utf-8")
+    return binarise(text, level_dir / "data-bin")
+
+
+def prepare_char(source: Path, level_dir: Path) -> Path:
+    """Read ``source`` as bytes and split it as enwik8 is split: 90 % / 5 % / 5 %, one token per byte."""
+    if not source.is_file():
+        raise FileNotFoundError(f"--char-text {source}: no such file")
+    data = source.read_bytes()
+    held_out = max(1, len(data) // 20)
+    write_splits(split_bytes(data, held_out, held_out), level_dir / "text")
+    return binarise(level_dir / "text", level_dir / "data-bin")
+
+
+@dataclass
+class Result:
+    row: str
+    level: str
+    metric: float  # test perplexity (word) or bits per character (char), from fairseq-eval-lm
+    valid_metric: float  # the same on the valid split, from fairseq-train's last validation
+    params: int
+    train_seconds: float  # fairseq-train's "done training in ..."
+    eval_seconds: float  # fairseq-eval-lm's "Evaluated ... in ...s"
+    updates: int
+    train_command: str
+    eval_command: str
+
+
+def parse_train_log(log: str) -> dict[str, float]:
+    """Parameter count, training seconds, updates and last validation loss (base 2) from fairseq-train's log."""
+    params = re.search(r"num\. shared model params: ([\d,]+)", log)
+    done = re.search(r"done training in ([\d.]+) seconds", log)
+    valid = re.findall(r"valid on 'valid' subset \| loss ([\d.]+) .*?num_updates (\d+)", log)
+    if not (params and done and valid):
+        raise ValueError("fairseq-train log lacks the parameter count, the final validation or 'done training'")
+    return {
+        "params": int(params.group(1).replace(",", "")),
+        "train_seconds": float(done.group(1)),
+        "valid_loss": float(valid[-1][0]),
+        "updates": int(valid[-1][1]),
+    }
+
+
+def parse_eval_log(log: str) -> dict[str, float]:
+    """Loss (base 2), perplexity and seconds from fairseq-eval-lm's output."""
+    loss = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", log)
+    seconds = re.search(r"Evaluated [\d,]+ tokens in ([\d.]+)s", log)
+    if not (loss and seconds):
+        raise ValueError("fairseq-eval-lm output lacks 'Loss (base 2): ..., Perplexity: ...'")
+    return {"loss": float(loss.group(1)), "ppl": float(loss.group(2)), "eval_seconds": float(seconds.group(1))}
+
+
+def metric_of(level: str, loss_base2: float) -> float:
+    """Perplexity for words, bits per character (the base-2 loss per byte token) for characters."""
+    return 2**loss_base2 if level == "word" else loss_base2
+
+
+def run_logged(command: list[str], log: Path, threads: int) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    with open(log, "w") as out:
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+    text = log.read_text()
+    if code != 0:
+        raise RuntimeError(f"{Path(command[0]).name} exited with {code}; log {log}:\n{text[-3000:]}")
+    return text
+
+
+def row_commands(row: Row, scale: Scale, data_bin: Path, row_dir: Path) -> tuple[list[str], list[str]]:
+    save = row_dir / "checkpoints"
+    train = [tool("fairseq-train"), *presets.train_args(row, scale, data_bin, save, PACKAGE)]
+    evaluate = [tool("fairseq-eval-lm"), *presets.eval_args(scale, data_bin, save / "checkpoint_last.pt", PACKAGE)]
+    return train, evaluate
+
+
+def run_row(row: Row, level: str, scale: Scale, data_bin: Path, row_dir: Path, threads: int) -> Result:
+    """Train and evaluate one row from scratch; a half-finished row's checkpoints are discarded first."""
+    shutil.rmtree(row_dir, ignore_errors=True)
+    row_dir.mkdir(parents=True)
+    train, evaluate = row_commands(row, scale, data_bin, row_dir)
+    trained = parse_train_log(run_logged(train, row_dir / "train.log", threads))
+    scored = parse_eval_log(run_logged(evaluate, row_dir / "eval.log", threads))
+    result = Result(
+        row=row.key,
+        level=level,
+        metric=metric_of(level, scored["loss"]),
+        valid_metric=metric_of(level, trained["valid_loss"]),
+        params=int(trained["params"]),
+        train_seconds=trained["train_seconds"],
+        eval_seconds=scored["eval_seconds"],
+        updates=int(trained["updates"]),
+        train_command=shlex.join(train),
+        eval_command=shlex.join(evaluate),
+    )
+    (row_dir / "result.json").write_text(json.dumps(asdict(result), indent=1))
+    shutil.rmtree(row_dir / "checkpoints")  # not needed for the table; at paper scale they would fill the disk
+    return result
+
+
+def load_result(row_dir: Path) -> Result | None:
+    done = row_dir / "result.json"
+    return Result(**json.loads(done.read_text())) if done.exists() else None
+
+
+def markdown_table(preset: str, results: dict[tuple[str, str], Result], command: str) -> str:
+    lines = [f"Preset `{preset}`; command: `{command}`", ""]
+    levels = [level for level in LEVELS if any(done == level for done, _ in results)]
+    for level in levels:
+        name, unit = LEVELS[level]
+        lines += [
+            f"**{name}** (test {unit}: fairseq-eval-lm on the test split; valid {unit}: fairseq-train's last "
+            "validation; train / eval s: the tools' own timings)",
+            "",
+            f"| row | test {unit} | valid {unit} | params | updates | train s | eval s |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in ROWS:
+            found = results.get((level, row.key))
+            if found is None:
+                continue
+            lines.append(
+                f"| {row.label} | {found.metric:.3f} | {found.valid_metric:.3f} | {found.params:,} | {found.updates} "
+                f"| {found.train_seconds:.0f} | {found.eval_seconds:.0f} |"
+            )
+        counts = {r.params for (lv, _), r in results.items() if lv == level}
+        if len(counts) > 1:
+            lines.append(f"\nWARNING: parameter counts differ between rows: {sorted(counts)}")
+        lines.append("")
+    lines += ["Exact commands per row:", ""]
+    for level in levels:
+        for row in ROWS:
+            if (level, row.key) in results:
+                found = results[(level, row.key)]
+                lines += [f"- {level} / {row.key}:", f"  - `{found.train_command}`", f"  - `{found.eval_command}`"]
+    return "\n".join(lines) + "\n"
+
+
+def select_rows(spec: str) -> list[Row]:
+    if spec == "all":
+        return list(ROWS)
+    known = {row.key: row for row in ROWS}
+    wanted = [key for key in spec.split(",") if key]
+    unknown = [key for key in wanted if key not in known]
+    if unknown:
+        raise ValueError(f"--rows: unknown row(s) {unknown}; choose from {sorted(known)} or 'all'")
+    return [row for row in ROWS if row.key in wanted]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--work", type=Path, required=True, help="folder for data, logs and results.md")
+    parser.add_argument("--levels", default="word,char", help="comma-separated: word, char")
+    parser.add_argument("--rows", default="all", help="comma-separated row keys (see --list-rows) or 'all'")
+    parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for every fairseq process")
+    parser.add_argument("--updates", type=int, default=0, help="override the preset's updates (every row alike)")
+    parser.add_argument("--word-train", type=Path, default=SHARED_DATA / "wikitext-2" / "valid.txt")
+    parser.add_argument("--word-eval", type=Path, default=SHARED_DATA / "wikitext-2" / "test.txt")
+    parser.add_argument("--char-text", type=Path, default=SHARED_DATA / "tinyshakespeare" / "input.txt")
+    parser.add_argument("--word-data-bin", type=Path, help="already binarised word-level data (e.g. WikiText-103)")
+    parser.add_argument("--char-data-bin", type=Path, help="already binarised byte-level data (e.g. enwik8)")
+    parser.add_argument("--list-rows", action="store_true", help="print the row keys and exit")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list_rows:
+        print("\n".join(f"{row.key}: {row.label}" for row in ROWS))
+        return 0
+    command = shlex.join(["python", "-m", __spec__.name if __spec__ else __name__, *(argv or sys.argv[1:])])
+    try:
+        rows = select_rows(args.rows)
+        levels = [level for level in args.levels.split(",") if level]
+        bad = [level for level in levels if level not in LEVELS]
+        if bad or not levels:
+            raise ValueError(f"--levels: unknown level(s) {bad}; choose from {sorted(LEVELS)}")
+        if args.threads < 1 or args.updates < 0:
+            raise ValueError("--threads must be positive and --updates non-negative")
+    except ValueError as error:
+        print(f"compare_lm: {error}", file=sys.stderr)
+        return 2
+    results: dict[tuple[str, str], Result] = {}
+    for level in LEVELS:  # rows finished by earlier runs, also of levels and rows not selected now, stay in the table
+        for row in ROWS:
+            found = load_result(args.work / level / row.key)
+            if found is not None:
+                results[(level, row.key)] = found
+    failures = []
+    for level in levels:
+        scale = PRESETS[args.preset][level]
+        scale = replace(scale, updates=args.updates) if args.updates else scale
+        level_dir = args.work / level
+        try:
+            given = args.word_data_bin if level == "word" else args.char_data_bin
+            if given is not None:
+                data_bin = given
+            elif level == "word":
+                data_bin = prepare_word(args.word_train, args.word_eval, level_dir)
+            else:
+                data_bin = prepare_char(args.char_text, level_dir)
+        except (OSError, RuntimeError, ValueError) as error:
+            print(f"compare_lm: {error}", file=sys.stderr)
+            return 2
+        for row in rows:
+            done = results.get((level, row.key))
+            train, _ = row_commands(row, scale, data_bin, level_dir / row.key)
+            if done is not None and done.train_command == shlex.join(train):
+                print(f"[{level}] {row.label}: done before, skipped")
+                continue
+            start = time.time()
+            print(f"[{level}] {row.label}: training {scale.updates} updates ...", flush=True)
+            try:
+                found = run_row(row, level, scale, data_bin, level_dir / row.key, args.threads)
+            except (RuntimeError, ValueError) as error:
+                failures.append(f"[{level}] {row.label}: {error}")
+                print(failures[-1], file=sys.stderr)
+                continue
+            results[(level, row.key)] = found
+            unit = LEVELS[level][1]
+            print(f"[{level}] {row.label}: test {unit} {found.metric:.3f} ({time.time() - start:.0f}s)", flush=True)
+            (args.work / "results.md").write_text(markdown_table(args.preset, results, command))
+    args.work.mkdir(parents=True, exist_ok=True)
+    (args.work / "results.md").write_text(markdown_table(args.preset, results, command))
+    print(f"table: {args.work / 'results.md'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

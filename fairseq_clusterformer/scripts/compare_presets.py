@@ -1,0 +1,228 @@
+"""The rows of the paper's Table 3, the scales the comparison runs at, and the fairseq command lines they make.
+
+Every row of one level runs the same scale: the same layers, dimensions, data, batches and updates; only the
+long-range layers' kind, cluster count and causality differ. The long-range layers carry no extra parameters
+(centroids and LSH rotations are buffers), so every row has the same parameter count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str  # folder name and --rows selector
+    label: str  # first column of the table
+    kind: str  # --long-range-layer
+    clusters: int  # --num-clusters: clusters, or LSH buckets; 0 = the kind has none
+    causality: str  # --cluster-causality
+
+
+def _long_range_rows(causality: str) -> list[Row]:
+    return [
+        Row(f"sparse-{causality}", f"Sparse attention, {causality}", "sparse", 0, causality),
+        # the paper sets the LSH hashing vectors to 64, the same as Cluster-Former's smallest cluster count
+        Row(f"lsh64-{causality}", f"LSH (64 buckets), {causality}", "lsh", 64, causality),
+        *(
+            Row(f"cluster{p}-{causality}", f"Cluster-Former (#C={p}), {causality}", "cluster", p, causality)
+            for p in (64, 256, 512)
+        ),
+    ]
+
+
+# strict rows first: if the long run is cut short, the default mode's table is the one that is complete
+ROWS: tuple[Row, ...] = (
+    Row("window", "Sliding window", "none", 0, "strict"),
+    *_long_range_rows("strict"),
+    *_long_range_rows("paper"),
+)
+
+# level -> (name in the table, metric)
+LEVELS = {"word": ("Word level", "ppl"), "char": ("Character level", "bpc")}
+
+
+@dataclass(frozen=True)
+class Scale:
+    arch: str
+    layers: int
+    long_range_layers: str
+    embed_dim: int
+    ffn_dim: int
+    heads: int
+    tokens: int  # --tokens-per-sample: segment length
+    window: int
+    stride: int
+    batch: int  # segments per update
+    updates: int
+    optimizer: str  # "adam" or "sgd"
+    lr: float
+    warmup: int
+    clip: float
+    dropout: float
+    memory_size: int
+    refresh_interval: int  # --cluster-update-interval
+    kmeans_iters: int
+    context_window: int  # fairseq-eval-lm --context-window
+    criterion: str = "cross_entropy"
+    model_dims: bool = True  # pass the dimensions explicitly (False: the named architecture's own)
+
+
+# seconds per row: a few updates of a 4-layer, 32-dim model; the K-Means job started at update 2 installs at 5
+TINY = Scale(
+    arch="clusterformer_lm",
+    layers=4,
+    long_range_layers="2,4",
+    embed_dim=32,
+    ffn_dim=64,
+    heads=2,
+    tokens=128,
+    window=32,
+    stride=16,
+    batch=2,
+    updates=6,
+    optimizer="adam",
+    lr=0.003,
+    warmup=2,
+    clip=0.5,
+    dropout=0.0,
+    memory_size=2000,
+    refresh_interval=2,
+    kmeans_iters=5,
+    context_window=64,
+)
+
+# 6 layers, long-range layers 4 and 6, segments of many windows: the five sliding-window layers below layer 6 reach
+# at most 5 * (window - 1) tokens back, so most of a segment is reachable only through the long-range layers
+SMALL = replace(
+    TINY,
+    layers=6,
+    long_range_layers="4,6",
+    embed_dim=128,
+    ffn_dim=256,
+    heads=4,
+    tokens=1024,
+    window=64,
+    stride=32,
+    batch=2,
+    updates=300,
+    lr=0.002,
+    warmup=100,
+    dropout=0.1,
+    memory_size=20_000,
+    refresh_interval=50,
+    kmeans_iters=10,
+    context_window=512,
+)
+
+# paper section 4.2: 16 layers, 8 heads, long-range layers 11 and 15, 3,072-token segments, window 256, stride 128,
+# SGD, lr 0.1, clip 0.1, warm-up 16,000, 286,000 updates, dropout 0.3, batch 16 (the named architectures' dims)
+PAPER = replace(
+    TINY,
+    arch="clusterformer_lm_wiki103",
+    layers=16,
+    long_range_layers="11,15",
+    embed_dim=1024,
+    ffn_dim=4096,
+    heads=8,
+    tokens=3072,
+    window=256,
+    stride=128,
+    batch=16,
+    updates=286_000,
+    optimizer="sgd",
+    lr=0.1,
+    warmup=16_000,
+    clip=0.1,
+    dropout=0.3,
+    memory_size=100_000,
+    refresh_interval=2000,
+    kmeans_iters=20,
+    context_window=2560,
+    criterion="adaptive_loss",
+    model_dims=False,
+)
+
+
+PRESETS: dict[str, dict[str, Scale]] = {
+    "tiny": {"word": TINY, "char": TINY},
+    "small": {"word": SMALL, "char": replace(SMALL, tokens=2048, window=128, stride=64, context_window=1024)},
+    "paper": {"word": PAPER, "char": replace(PAPER, arch="clusterformer_lm_enwik8", criterion="cross_entropy")},
+}
+
+
+def flags(**values: object) -> list[str]:
+    """flags(max_update=5, no_epoch_checkpoints=True) -> ["--max-update", "5", "--no-epoch-checkpoints"]."""
+    args: list[str] = []
+    for name, value in values.items():
+        flag = "--" + name.replace("_", "-")
+        args += [flag] if value is True else [flag, str(value)]
+    return args
+
+
+def train_args(row: Row, scale: Scale, data_bin: Path, save_dir: Path, user_dir: Path) -> list[str]:
+    """fairseq-train's arguments for one row (after the program name)."""
+    args = [str(data_bin), *flags(user_dir=user_dir, task="clusterformer_lm", arch=scale.arch)]
+    if scale.model_dims:
+        args += flags(
+            decoder_layers=scale.layers,
+            decoder_embed_dim=scale.embed_dim,
+            decoder_ffn_embed_dim=scale.ffn_dim,
+            decoder_attention_heads=scale.heads,
+            decoder_normalize_before=True,
+            share_decoder_input_output_embed=True,
+        )
+    args += flags(
+        long_range_layers=scale.long_range_layers,
+        long_range_layer=row.kind,
+        cluster_causality=row.causality,
+        window_size=scale.window,
+        window_stride=scale.stride,
+        tokens_per_sample=scale.tokens,
+        sample_break_mode="none",
+        batch_size=scale.batch,
+        max_update=scale.updates,
+        dropout=scale.dropout,
+        criterion=scale.criterion,
+        optimizer=scale.optimizer,
+        lr=scale.lr,
+        clip_norm=scale.clip,
+        lr_scheduler="inverse_sqrt",
+        warmup_updates=scale.warmup,
+        warmup_init_lr="1e-07",
+        memory_size=scale.memory_size,
+        cluster_update_interval=scale.refresh_interval,
+        kmeans_iters=scale.kmeans_iters,
+        # validate and save once, at the end: every row is scored after the same number of updates
+        validate_interval=1_000_000,
+        save_interval=1_000_000,
+        no_epoch_checkpoints=True,
+        save_dir=save_dir,
+        num_workers=0,
+        log_format="simple",
+        log_interval=50,
+        seed=1,
+    )
+    if row.clusters:
+        args += flags(num_clusters=row.clusters)
+    if scale.optimizer == "adam":
+        args += flags(adam_betas="(0.9, 0.98)")
+    return args
+
+
+def eval_args(scale: Scale, data_bin: Path, checkpoint: Path, user_dir: Path) -> list[str]:
+    """fairseq-eval-lm's arguments: the test split, in segments of the training length with a context window."""
+    return [
+        str(data_bin),
+        *flags(
+            user_dir=user_dir,
+            path=checkpoint,
+            gen_subset="test",
+            tokens_per_sample=scale.tokens,
+            context_window=scale.context_window,
+            batch_size=scale.batch,
+            num_workers=0,
+            softmax_batch=1024,
+        ),
+    ]

@@ -1,0 +1,144 @@
+"""The Table 3 comparison driver: its rows, its data preparation, and every row through the real fairseq-train and
+fairseq-eval-lm at the tiny preset."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from fairseq import options
+
+from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES
+from fairseq_clusterformer.scripts import compare_lm
+from fairseq_clusterformer.scripts.compare_presets import PRESETS, ROWS, train_args
+from tests.conftest import PACKAGE, REPO, SLICE
+
+CHARS = REPO / "examples" / "data" / "tinyshakespeare-slice"
+
+
+def test_rows_are_the_papers_table_3_in_both_causality_modes():
+    combos = {(row.kind, row.clusters, row.causality) for row in ROWS}
+    assert ("none", 0, "strict") in combos
+    for causality in ("strict", "paper"):
+        assert {("sparse", 0, causality), ("lsh", 64, causality)} <= combos
+        assert {("cluster", p, causality) for p in (64, 256, 512)} <= combos
+    assert len(combos) == len(ROWS) == 11 and len({row.key for row in ROWS}) == 11
+    assert {row.kind for row in ROWS} <= set(LONG_RANGE_CHOICES)
+    assert compare_lm.select_rows("window,cluster64-paper") == [ROWS[0], ROWS[8]]
+    with pytest.raises(ValueError, match="--rows: unknown row"):
+        compare_lm.select_rows("window,nope")
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_row_of_a_level_gets_the_same_model_and_schedule(preset, tmp_path):
+    """fairseq's own parser reads every row's command; only the long-range settings differ between rows."""
+    for level, scale in PRESETS[preset].items():
+        shared = set()
+        for row in ROWS:
+            args = options.parse_args_and_arch(
+                options.get_training_parser(), train_args(row, scale, tmp_path, tmp_path / "save", PACKAGE)
+            )
+            assert (args.long_range_layer, args.cluster_causality) == (row.kind, row.causality)
+            if row.clusters:
+                assert args.num_clusters == row.clusters
+            assert args.tokens_per_sample > 2 * args.window_size or preset == "tiny"
+            shared.add(
+                (args.decoder_layers, args.decoder_embed_dim, args.long_range_layers, args.max_update, args.lr[0])
+            )
+        assert len(shared) == 1, f"{preset}/{level}: rows differ in {shared}"
+
+
+def test_evaluation_text_is_cut_between_articles():
+    lines = (SLICE / "valid.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    cut = compare_lm.split_at_article(lines)
+    assert 0 < cut < len(lines)
+    assert not lines[cut].strip() and re.fullmatch(r" = [^=].* = \n", lines[cut + 1])  # a new article opens there
+    plain = [f"line {i}\n" for i in range(10)]
+    assert compare_lm.split_at_article(plain) == 5
+
+
+def run_compare(work, *args):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.compare_lm", "--preset", "tiny", "--work", work]
+    proc = subprocess.run(
+        [*command, "--threads", "1", *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1800,
+    )
+    return proc.returncode, proc.stdout
+
+
+def table_rows(markdown, level_title):
+    section = markdown.split(f"**{level_title}**")[1].split("\n\n")[1]
+    rows = {}
+    for line in section.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """Every row at word level and two rows at character level, on the committed slices."""
+    work = tmp_path_factory.mktemp("compare")
+    text = work / "input"
+    text.mkdir()
+    lines = (SLICE / "train.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    (text / "train.txt").write_text("".join(lines[:300]), encoding="utf-8")
+    data = {"--word-train": text / "train.txt", "--word-eval": SLICE / "valid.txt", "--char-text": CHARS / "valid.txt"}
+    flags = [str(part) for item in data.items() for part in item]
+    first = run_compare(work, "--levels", "word", *flags)
+    second = run_compare(work, "--levels", "char", "--rows", "window,cluster64-strict", *flags)
+    again = run_compare(work, "--levels", "word,char", "--rows", "window,cluster64-strict", *flags)
+    return work, first, second, again
+
+
+@pytest.mark.e2e
+def test_every_row_trains_and_evaluates_through_the_real_cli(compared):
+    work, (code, out), _, _ = compared
+    assert code == 0, out[-4000:]
+    rows = table_rows((work / "results.md").read_text(), "Word level")
+    assert list(rows) == [row.label for row in ROWS], rows
+    params = set()
+    for row in ROWS:
+        ppl, valid_ppl, count, updates, train_s, eval_s = rows[row.label]
+        result = json.loads((work / "word" / row.key / "result.json").read_text())
+        log = (work / "word" / row.key / "eval.log").read_text()
+        loss = float(re.search(r"Loss \(base 2\): ([\d.]+)", log).group(1))
+        assert float(ppl) == pytest.approx(2**loss, rel=1e-3) == pytest.approx(result["metric"], rel=1e-3)
+        assert int(updates) == PRESETS["tiny"]["word"].updates
+        assert f"--long-range-layer {row.kind} " in result["train_command"]
+        assert f"--cluster-causality {row.causality}" in result["train_command"]
+        assert (f"--num-clusters {row.clusters}" in result["train_command"]) == bool(row.clusters)
+        assert float(train_s) > 0 and float(eval_s) >= 0 and float(valid_ppl) > 1
+        params.add(count)
+    assert len(params) == 1, f"rows differ in parameter count: {params}"
+    assert "WARNING" not in (work / "results.md").read_text()
+
+
+@pytest.mark.e2e
+def test_character_level_reports_bits_per_character(compared):
+    work, _, (code, out), _ = compared
+    assert code == 0, out[-4000:]
+    rows = table_rows((work / "results.md").read_text(), "Character level")
+    assert list(rows) == ["Sliding window", "Cluster-Former (#C=64), strict"]
+    for key, label in (("window", "Sliding window"), ("cluster64-strict", "Cluster-Former (#C=64), strict")):
+        log = (work / "char" / key / "eval.log").read_text()
+        bpc = float(re.search(r"Loss \(base 2\): ([\d.]+)", log).group(1))
+        assert float(rows[label][0]) == pytest.approx(bpc, abs=1e-3)
+        assert 0 < bpc < 8  # bits per byte token
+    assert "test bpc" in (work / "results.md").read_text()
+
+
+@pytest.mark.e2e
+def test_a_second_run_skips_the_rows_already_done(compared):
+    work, _, _, (code, out) = compared
+    assert code == 0, out[-4000:]
+    assert out.count("done before, skipped") == 4, out[-3000:]  # two rows at each of the two levels
+    assert "training" not in out
+    assert len(table_rows((work / "results.md").read_text(), "Word level")) == len(ROWS)  # earlier rows kept
