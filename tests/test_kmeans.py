@@ -167,3 +167,37 @@ def test_is_degenerate():
     distinct = torch.randn(8, 16).repeat(50, 1)
     assert not is_degenerate(distinct, 8)
     assert is_degenerate(distinct, 9)
+
+
+def plain_lloyd(states, num_clusters, iters, seed):
+    """Textbook spherical Lloyd iterations, every point against every centroid, for comparison."""
+    unit = F.normalize(states, dim=-1)
+    centroids = unit[torch.randperm(len(unit), generator=torch.Generator().manual_seed(seed))[:num_clusters]]
+    for _ in range(iters):
+        ids = (unit @ centroids.t()).argmax(dim=1)
+        sums = torch.zeros_like(centroids).index_add_(0, ids, unit)
+        counts = torch.bincount(ids, minlength=num_clusters)
+        centroids = torch.where((counts > 0).unsqueeze(1), F.normalize(sums, dim=-1), centroids)
+    return centroids
+
+
+@pytest.mark.parametrize("noise", [0.05, 0.6])
+def test_torch_backend_skipping_settled_points_equals_plain_lloyd(noise, monkeypatch):
+    states, _ = planted(num_clusters=12, per_cluster=150, noise=noise, seed=3)
+    visited = []
+    assign = kmeans._assign
+    monkeypatch.setattr(
+        kmeans, "_assign", lambda unit, c, stale, *a: visited.append(stale.numel()) or assign(unit, c, stale, *a)
+    )
+    fast = spherical_kmeans(states, 12, iters=15, seed=2, backend="torch")
+    torch.testing.assert_close(fast, plain_lloyd(states, 12, 15, seed=2), atol=1e-5, rtol=0)
+    if noise < 0.1 and len(visited) > 2:
+        assert visited[-1] < visited[0] / 2, f"points recomputed per iteration: {visited}"
+
+
+def test_auto_backend_is_torch_on_a_gpu_and_faiss_on_a_cpu_when_installed(monkeypatch):
+    assert kmeans.resolve_backend("auto", torch.device("cuda")) == "torch"
+    assert kmeans.resolve_backend("auto", torch.device("cpu")) == ("faiss" if faiss_available() else "torch")
+    monkeypatch.setattr(kmeans, "_faiss", lambda: None)
+    assert kmeans.resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert kmeans.resolve_backend("faiss", torch.device("cuda")) == "faiss"

@@ -139,3 +139,15 @@ def test_clear_empties_but_keeps_counters():
     bank.add(rows(4, 6))
     assert torch.equal(bank.contents(), rows(4, 6))
     assert bank.total_seen == 6
+
+
+def test_pick_then_append_equals_add():
+    # the distributed path samples before exchanging states (pick), then appends; one process adds: same bank
+    added, picked = MemoryBank(20, sample_per_batch=4, seed=5), MemoryBank(20, sample_per_batch=4, seed=5)
+    for start in range(0, 40, 10):
+        batch = rows(start, start + 10)
+        added.add(batch)
+        keep = picked.pick(batch.size(0))
+        picked.append(batch[keep])
+    assert torch.equal(added.contents(), picked.contents())
+    assert picked.pick(3) is None  # fewer rows than the sample size: keep them all

@@ -69,14 +69,8 @@ class MemoryBank:
     def _allocate(self, dim: int) -> None:
         self._buffer = torch.zeros(self.capacity, dim, dtype=torch.float32, device=self._device or "cpu")
 
-    @torch.no_grad()
-    def add(self, states: Tensor) -> int:
-        """Append states (N, C), any float dtype and device; returns how many rows were dropped as NaN/Inf.
-
-        Non-finite rows are dropped (one diverged batch must not poison every centroid), then, if `sample_per_batch`
-        is set, a random subset of that many rows is kept in their original order. When more rows than the capacity
-        arrive at once, only the last `capacity` are kept, as a FIFO would.
-        """
+    def _prepare(self, states: Tensor) -> None:
+        """Check the shape and allocate the buffer on the first states' device."""
         if states.dim() != 2:
             raise ValueError(f"memory bank expects N x C states, got shape {tuple(states.shape)}")
         if self._device is None:
@@ -88,24 +82,53 @@ class MemoryBank:
         if states.size(1) != self.dim:
             raise ValueError(f"memory bank holds states of dim {self.dim}, got dim {states.size(1)}")
 
-        states = states.detach()
+    def drop_nonfinite(self, states: Tensor) -> Tensor:
+        """(N, C) -> (n, C): the rows without NaN/Inf; the dropped ones are counted in `num_nonfinite_dropped`."""
         finite = torch.isfinite(states).all(dim=1)  # N
         dropped = int((~finite).sum())
-        if dropped:
-            states = states[finite]
-            self.num_nonfinite_dropped += dropped
-        if 0 < self.sample_per_batch < states.size(0):
-            keep = torch.randperm(states.size(0), generator=self._generator)[: self.sample_per_batch]
-            states = states[keep.sort().values.to(states.device)]
-        self.total_seen += states.size(0)
+        if not dropped:
+            return states
+        self.num_nonfinite_dropped += dropped
+        return states[finite]
 
-        states = states[-self.capacity :].to(self._buffer.device, torch.float32)  # n x C, n <= M
+    def pick(self, count: int) -> Tensor | None:
+        """Sorted indices of the rows to keep out of a batch of `count` finite rows (None = all of them).
+
+        Advances the sampling generator exactly as `add` does, so that ranks holding identical banks can each draw
+        every rank's picks and stay identical without sending the unsampled rows anywhere.
+        """
+        if not 0 < self.sample_per_batch < count:
+            return None
+        return torch.randperm(count, generator=self._generator)[: self.sample_per_batch].sort().values
+
+    @torch.no_grad()
+    def add(self, states: Tensor) -> int:
+        """Append states (N, C), any float dtype and device; returns how many rows were dropped as NaN/Inf.
+
+        Non-finite rows are dropped (one diverged batch must not poison every centroid), then, if `sample_per_batch`
+        is set, a random subset of that many rows is kept in their original order. When more rows than the capacity
+        arrive at once, only the last `capacity` are kept, as a FIFO would.
+        """
+        self._prepare(states)
+        before = self.num_nonfinite_dropped
+        states = self.drop_nonfinite(states.detach())
+        keep = self.pick(states.size(0))
+        if keep is not None:
+            states = states[keep.to(states.device)]
+        self.append(states)
+        return self.num_nonfinite_dropped - before
+
+    @torch.no_grad()
+    def append(self, states: Tensor) -> None:
+        """Append (n, C) finite, already sampled rows as they are (FIFO: the oldest rows are overwritten)."""
+        self._prepare(states)
+        self.total_seen += states.size(0)
+        states = states.detach()[-self.capacity :].to(self._buffer.device, torch.float32)  # n x C, n <= M
         num = states.size(0)
         rows = (self._pos + torch.arange(num, device=self._buffer.device)) % self.capacity  # n, wraps around
         self._buffer[rows] = states
         self._pos = (self._pos + num) % self.capacity
         self._size = min(self._size + num, self.capacity)
-        return dropped
 
     def contents(self) -> Tensor:
         """(n, C) float32 copy of the valid rows, oldest first ((0, 0) before anything was added)."""
@@ -139,7 +162,7 @@ class MemoryBank:
         if state["capacity"] != self.capacity:
             raise ValueError(
                 f"memory bank checkpoint has capacity {state['capacity']}, this bank has {self.capacity}: "
-                "resume with the same bank size"
+                "resume with the same --memory-size"
             )
         if state["dim"] is not None and self.dim is not None and state["dim"] != self.dim:
             raise ValueError(f"memory bank checkpoint holds states of dim {state['dim']}, this bank dim {self.dim}")

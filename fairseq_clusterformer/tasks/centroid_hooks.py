@@ -5,13 +5,17 @@ LanguageModelingTask)``) and adds ``MemoryBankConfig`` to its config dataclass. 
 ``from __future__ import annotations`` here: fairseq reads the config field types at run time.
 """
 
+import logging
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 
 from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
 
-KMEANS_BACKENDS = ("faiss", "torch")
+logger = logging.getLogger(__name__)
+
+KMEANS_BACKENDS = ("auto", "torch", "faiss")
+CHECKPOINT_KEY = "centroid_refresh"
 
 
 @dataclass
@@ -29,7 +33,19 @@ class MemoryBankConfig:
         default=0, metadata={"help": "random states per batch and layer written to the bank; 0 = all"}
     )
     kmeans_backend: ChoiceEnum(KMEANS_BACKENDS) = field(
-        default="faiss", metadata={"help": "faiss (GPU index when the model is on a GPU) or plain torch"}
+        default="auto",
+        metadata={
+            "help": "auto (torch on a GPU, faiss on a CPU when installed: the faster of the two there), torch (Lloyd "
+            "iterations that skip points whose cluster cannot change; on the model's device) or faiss (a GPU index "
+            "when the model is on a GPU and faiss-gpu is installed)"
+        },
+    )
+    kmeans_swap_delay: int = field(
+        default=4,
+        metadata={
+            "help": "updates between a bank snapshot and installing the centroids K-Means computed from it on a "
+            "background thread (at the latest when the next refresh is due); 0 = synchronous, in the training loop"
+        },
     )
 
 
@@ -43,6 +59,7 @@ def refresh_settings(cfg) -> RefreshSettings:
     for flag, value in (
         ("--cluster-update-interval", cfg.cluster_update_interval),
         ("--memory-sample-per-batch", cfg.memory_sample_per_batch),
+        ("--kmeans-swap-delay", cfg.kmeans_swap_delay),
     ):
         if value < 0:
             raise ValueError(f"{flag} must be >= 0, got {value}")
@@ -53,13 +70,20 @@ def refresh_settings(cfg) -> RefreshSettings:
         iters=cfg.kmeans_iters,
         backend=str(cfg.kmeans_backend),
         seed=cfg.seed,
+        swap_delay=cfg.kmeans_swap_delay,
     )
 
 
 class CentroidRefreshHooks:
-    """fairseq task methods that fill the memory banks in training and refresh the centroids.
+    """fairseq task methods that fill the memory banks in training, refresh the centroids, and checkpoint both.
 
     The subclass must call ``self.init_centroid_refresh(cfg)`` in its ``__init__``.
+
+    Checkpoints: fairseq 0.12 saves ``task.state_dict()`` as the checkpoint's ``task_state`` but hands it back only
+    when a model is loaded for inference (``load_model_ensemble_and_task``), never on a training resume. The banks
+    and the schedule therefore travel in ``get_checkpoint_dict`` (saved in ``extra_state[<task class>]``) and come
+    back through ``set_checkpoint_dict`` on every rank on ``--restore-file`` and automatic resume; ``task_state``
+    carries only a summary, which inference uses to say where the centroids came from.
     """
 
     refresher: CentroidRefresher
@@ -77,8 +101,45 @@ class CentroidRefreshHooks:
         self.refresher.begin_epoch(epoch)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        # the first micro-batch of an update is the same moment on every rank: refresh there
-        self.refresher.maybe_refresh(update_num)
+        # the first micro-batch of an update is the same moment on every rank: refreshes start and install there
+        self.refresher.before_step(update_num)
         result = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        # fairseq gives every rank the same number of micro-batches (dummy ones with ignore_grad), so this exchange
+        # of banked states is reached by all ranks together
+        self.refresher.commit(discard=ignore_grad)
         self.refresher.log_stats()
         return result
+
+    def state_dict(self):
+        return {**super().state_dict(), CHECKPOINT_KEY: self.refresher.summary()}
+
+    def load_state_dict(self, state_dict):
+        state = dict(state_dict)
+        summary = state.pop(CHECKPOINT_KEY, None)
+        super().load_state_dict(state)
+        describe_centroids(summary)
+
+    def get_checkpoint_dict(self):
+        base = getattr(super(), "get_checkpoint_dict", dict)()
+        return {**base, type(self).__name__: {CHECKPOINT_KEY: self.refresher.state_dict()}}
+
+    def set_checkpoint_dict(self, state):
+        base = getattr(super(), "set_checkpoint_dict", None)
+        if base is not None:
+            base(state)
+        if CHECKPOINT_KEY in state:
+            self.refresher.load_state_dict(state[CHECKPOINT_KEY])
+
+
+def describe_centroids(summary) -> None:
+    """Log where a loaded checkpoint's centroids come from (a checkpoint from before any refresh still works)."""
+    if summary is None:
+        return
+    never = [index for index, count in enumerate(summary["layer_refreshes"]) if count == 0]
+    if never:
+        logger.warning(
+            f"this checkpoint was written before the first K-Means refresh of long-range layer(s) {never}: they use "
+            "their random, greedily ordered initial centroids"
+        )
+    else:
+        logger.info(f"the checkpoint's centroids come from {summary['num_refreshes']} K-Means refreshes")

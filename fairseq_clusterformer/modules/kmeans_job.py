@@ -1,0 +1,126 @@
+"""One centroid refresh as a job: K-Means on snapshots of the memory banks, run in the caller or on a thread.
+
+N = banked states of one layer, P = clusters, C = model dim.
+
+The job only ever reads the snapshots it was given, so training may go on filling the banks while it runs. Its
+result depends on the snapshots and the seed alone: whether it ran inline or in the background, and however long it
+took, every run (and every resumed run) installs the same centroids at the same update.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from fairseq_clusterformer.ops.kmeans import is_degenerate, order_centroids, resolve_backend, spherical_kmeans
+
+
+@dataclass
+class LayerResult:
+    """What one refresh produced for one long-range layer."""
+
+    centroids: Tensor | None  # P x C, unit-norm, greedily ordered; None = keep the current centroids
+    num_states: int
+    seconds: float
+    skipped_because: str = ""
+    backend: str = ""
+
+    def state_dict(self) -> dict:
+        centroids = None if self.centroids is None else self.centroids.cpu()
+        return {
+            "centroids": centroids,
+            "num_states": self.num_states,
+            "seconds": self.seconds,
+            "skipped_because": self.skipped_because,
+            "backend": self.backend,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> LayerResult:
+        return cls(
+            state["centroids"], state["num_states"], state["seconds"], state["skipped_because"], state["backend"]
+        )
+
+
+def refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, backend: str) -> LayerResult:
+    """Spherical K-Means of one layer's banked states (N x C), greedily ordered; skipped on a degenerate bank."""
+    start = time.perf_counter()
+    if states.size(0) < num_clusters:
+        reason = f"{states.size(0)} banked states are fewer than the {num_clusters} clusters"
+        return LayerResult(None, states.size(0), time.perf_counter() - start, reason)
+    if is_degenerate(states, num_clusters):
+        reason = f"the {states.size(0)} banked states hold fewer than {num_clusters} distinct directions"
+        return LayerResult(None, states.size(0), time.perf_counter() - start, reason)
+    backend = resolve_backend(backend, states.device)
+    use_gpu = states.device.type == "cuda"
+    fresh = spherical_kmeans(states, num_clusters, iters, seed, backend, use_gpu=use_gpu)
+    return LayerResult(order_centroids(fresh), states.size(0), time.perf_counter() - start, backend=backend)
+
+
+class RefreshJob:
+    """K-Means of every long-range layer's bank snapshot; `run()` in the caller or `start()` on a thread."""
+
+    def __init__(self, snapshots: list[Tensor], clusters: list[int], iters: int, seed: int, backend: str) -> None:
+        self.snapshots = snapshots  # per layer: N x C float32, owned by the job
+        self.clusters = clusters
+        self.iters = iters
+        self.seed = seed
+        self.backend = backend
+        self._results: list[LayerResult] | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._stream = None
+
+    @classmethod
+    def finished(cls, results: list[LayerResult]) -> RefreshJob:
+        """A job whose results are already known (restored from a checkpoint)."""
+        job = cls([], [], 0, 0, "")
+        job._results = results
+        return job
+
+    def run(self) -> None:
+        try:
+            results = []
+            for states, clusters in zip(self.snapshots, self.clusters):
+                results.append(refresh_layer(states, clusters, self.iters, self.seed, self.backend))
+            if self._stream is not None:
+                self._stream.synchronize()
+            self._results = results
+        except BaseException as error:  # re-raised in the training thread by wait()
+            self._error = error
+        finally:
+            self.snapshots = []  # the banks' copies are no longer needed
+
+    def start(self) -> None:
+        """Run on a daemon thread; on a GPU on a side stream that first waits for the snapshots' copies."""
+        device = self.snapshots[0].device if self.snapshots else torch.device("cpu")
+        if device.type == "cuda":
+            self._stream = torch.cuda.Stream(device)
+            self._stream.wait_stream(torch.cuda.current_stream(device))
+        self._thread = threading.Thread(target=self._run_on_stream, name="kmeans-refresh", daemon=True)
+        self._thread.start()
+
+    def _run_on_stream(self) -> None:
+        if self._stream is None:
+            self.run()
+            return
+        with torch.cuda.stream(self._stream):
+            self.run()
+
+    def done(self) -> bool:
+        return self._results is not None or self._error is not None
+
+    def wait(self) -> list[LayerResult]:
+        """Block until the job has finished; its results, or the error it raised."""
+        if self._thread is not None:
+            self._thread.join()
+        elif not self.done():
+            self.run()
+        if self._error is not None:
+            raise RuntimeError("the background K-Means refresh failed") from self._error
+        assert self._results is not None
+        return self._results

@@ -1,0 +1,81 @@
+"""Early, clear errors for checkpoint files and dictionaries that cannot belong to the run.
+
+torch's own error for a truncated checkpoint does not say which file it was reading, and a checkpoint trained with
+another dictionary fails with a size mismatch of embedding matrices; these checks name the file and the cause.
+"""
+
+import hashlib
+import os
+import zipfile
+
+# torch.save's legacy (pre-1.6, non-zip) format starts with a pickle protocol byte, as fairseq's older published
+# checkpoints do; anything else that is not a zip archive is not a checkpoint
+_PICKLE_PROTO = b"\x80"
+
+
+def _root_config(cfg):
+    """The whole fairseq config that a task's config node belongs to, or None (a task built by hand)."""
+    node, parent = cfg, getattr(cfg, "_get_parent", lambda: None)()
+    while parent is not None:
+        node, parent = parent, parent._get_parent()
+    return node if node is not cfg else None
+
+
+def _select(root, group: str, key: str):
+    section = getattr(root, group, None)
+    return getattr(section, key, None) if section is not None else None
+
+
+def checkpoint_files_to_load(task_cfg) -> list[tuple[str, str]]:
+    """(flag, path) of the checkpoints this command line will load: fairseq-eval-lm's --path, or fairseq-train's
+    --restore-file (default: checkpoint_last.pt in --save-dir); only files that exist (fairseq decides the rest)."""
+    root = _root_config(task_cfg)
+    if root is None:
+        return []
+    eval_paths = _select(root, "common_eval", "path")
+    if eval_paths:
+        candidates = [("--path", path) for path in str(eval_paths).split(os.pathsep)]
+    else:
+        restore = _select(root, "checkpoint", "restore_file")
+        if restore is None:
+            return []
+        if restore == "checkpoint_last.pt":
+            restore = os.path.join(str(_select(root, "checkpoint", "save_dir")), restore)
+        candidates = [("--restore-file", str(restore))]
+    return [(flag, path) for flag, path in candidates if os.path.isfile(path)]
+
+
+def check_checkpoint_file(path: str, flag: str) -> None:
+    """Raise ValueError naming ``path`` when it cannot be a complete torch checkpoint (cheap: reads its ends only)."""
+    if zipfile.is_zipfile(path):  # finds the zip's central directory, which a truncated file has lost
+        return
+    with open(path, "rb") as handle:
+        head = handle.read(1)
+    if head == _PICKLE_PROTO:
+        return
+    size = os.path.getsize(path)
+    raise ValueError(
+        f"{flag} {path} is not a complete PyTorch checkpoint ({size} bytes, no zip directory at its end): the file "
+        "is truncated or corrupted (an interrupted copy or save?); use another checkpoint"
+    )
+
+
+def dictionary_fingerprint(dictionary) -> dict:
+    """Size and a hash of the symbols, in order: two dictionaries with equal fingerprints map tokens alike."""
+    digest = hashlib.sha1("\n".join(dictionary.symbols).encode("utf-8")).hexdigest()
+    return {"size": len(dictionary), "sha1": digest}
+
+
+def check_dictionary(saved: dict, dictionary, dict_file: str) -> None:
+    current = dictionary_fingerprint(dictionary)
+    if saved == current:
+        return
+    detail = (
+        f"{saved['size']} symbols against {current['size']} in {dict_file}"
+        if saved["size"] != current["size"]
+        else f"the same number of symbols ({current['size']}) but in a different order or spelling than {dict_file}"
+    )
+    raise ValueError(
+        f"the checkpoint was trained with another dictionary: {detail}. Evaluate on data binarised with the "
+        "training run's dict.txt (fairseq-preprocess --srcdict <training data-bin>/dict.txt)"
+    )

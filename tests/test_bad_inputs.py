@@ -1,0 +1,137 @@
+"""Bad files and flags end in an error that names the file (or flag) at fault, never a bare library error."""
+
+import pytest
+import torch
+from fairseq.data import Dictionary
+
+from fairseq_clusterformer.tasks.checkpoint_files import (
+    check_checkpoint_file,
+    check_dictionary,
+    dictionary_fingerprint,
+)
+from tests.conftest import PACKAGE, SLICE, run_cli, run_ok
+
+
+def test_truncated_or_foreign_checkpoint_files_are_named(tmp_path):
+    whole = tmp_path / "whole.pt"
+    torch.save({"model": {"w": torch.randn(300, 300)}}, whole)
+    check_checkpoint_file(str(whole), "--path")
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    with pytest.raises(ValueError, match=f"--restore-file {truncated} is not a complete PyTorch checkpoint"):
+        check_checkpoint_file(str(truncated), "--restore-file")
+    text = tmp_path / "notes.pt"
+    text.write_text("not a checkpoint")
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        check_checkpoint_file(str(text), "--path")
+    legacy = tmp_path / "legacy.pt"  # torch < 1.6 format, as fairseq's older published checkpoints
+    torch.save({"w": torch.ones(2)}, legacy, _use_new_zipfile_serialization=False)
+    check_checkpoint_file(str(legacy), "--path")
+
+
+def test_dictionary_mismatch_is_explained():
+    trained, other, shuffled = Dictionary(), Dictionary(), Dictionary()
+    for word in ("a", "b", "c"):
+        trained.add_symbol(word)
+        shuffled.add_symbol({"a": "b", "b": "a"}.get(word, word))
+    other.add_symbol("a")
+    saved = dictionary_fingerprint(trained)
+    check_dictionary(saved, trained, "data/dict.txt")
+    with pytest.raises(ValueError, match=r"7 symbols against 5 in data/dict.txt"):
+        check_dictionary(saved, other, "data/dict.txt")
+    with pytest.raises(ValueError, match="in a different order or spelling than data/dict.txt"):
+        check_dictionary(saved, shuffled, "data/dict.txt")
+
+
+TRAIN = [
+    "--user-dir",
+    PACKAGE,
+    "--task",
+    "clusterformer_lm",
+    "--arch",
+    "clusterformer_lm_tiny",
+    "--tokens-per-sample",
+    "200",
+    "--sample-break-mode",
+    "none",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.003",
+    "--batch-size",
+    "4",
+    "--num-workers",
+    "0",
+    "--memory-size",
+    "2000",
+    "--no-epoch-checkpoints",
+]
+EVAL = ["--user-dir", PACKAGE, "--gen-subset", "test", "--tokens-per-sample", "200", "--batch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(lm_data, tmp_path_factory):
+    save = tmp_path_factory.mktemp("bad_inputs_ckpt")
+    run_ok("fairseq-train", lm_data, *TRAIN, "--max-update", "2", "--save-dir", save)
+    return save / "checkpoint_last.pt"
+
+
+def failure(*args):
+    code, out = run_cli(*args)
+    assert code != 0, out[-3000:]
+    return out
+
+
+@pytest.mark.e2e
+def test_truncated_checkpoint(checkpoint, lm_data, tmp_path):
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(checkpoint.read_bytes()[:50_000])
+    out = failure(
+        "fairseq-train", lm_data, *TRAIN, "--max-update", "4", "--save-dir", tmp_path / "s", "--restore-file", truncated
+    )
+    assert f"--restore-file {truncated} is not a complete PyTorch checkpoint" in out
+    # plain fairseq-eval-lm loads the file before any task of ours exists: only fairseq's log line names it (torch's
+    # error itself can be a bare "OSError: [Errno 22] Invalid argument"); with --task clusterformer_lm ours does
+    out = failure("fairseq-eval-lm", lm_data, *EVAL, "--path", truncated)
+    assert f"loading model(s) from {truncated}" in out
+    out = failure("fairseq-eval-lm", lm_data, *EVAL, "--task", "clusterformer_lm", "--path", truncated)
+    assert f"--path {truncated} is not a complete PyTorch checkpoint" in out
+
+
+@pytest.mark.e2e
+def test_data_directory_without_a_split(checkpoint, lm_data, tmp_path):
+    partial = tmp_path / "data-bin"
+    partial.mkdir()
+    for name in ("dict.txt", "train.bin", "train.idx"):
+        (partial / name).write_bytes((lm_data / name).read_bytes())
+    out = failure("fairseq-train", partial, *TRAIN, "--max-update", "2", "--save-dir", tmp_path / "s")
+    assert f"Dataset not found: valid ({partial}/valid)" in out  # fairseq's own message names split and path
+    out = failure("fairseq-eval-lm", partial, *EVAL, "--path", checkpoint)
+    assert f"Dataset not found: test ({partial}/test)" in out
+
+
+@pytest.mark.e2e
+def test_checkpoint_trained_with_another_dictionary(checkpoint, tmp_path):
+    other = tmp_path / "other-bin"  # the valid text alone: a smaller dictionary
+    run_ok(
+        "fairseq-preprocess",
+        "--only-source",
+        "--trainpref",
+        SLICE / "valid.txt",
+        "--validpref",
+        SLICE / "valid.txt",
+        "--testpref",
+        SLICE / "test.txt",
+        "--destdir",
+        other,
+        "--workers",
+        "1",
+    )
+    out = failure("fairseq-eval-lm", other, *EVAL, "--task", "clusterformer_lm", "--path", checkpoint)
+    assert "the checkpoint was trained with another dictionary" in out and f"{other}/dict.txt" in out
+    # resuming training on it: fairseq names the checkpoint, and the size mismatch shows the embedding at fault
+    out = failure(
+        "fairseq-train", other, *TRAIN, "--max-update", "4", "--save-dir", tmp_path / "s", "--restore-file", checkpoint
+    )
+    assert f"Cannot load model parameters from checkpoint {checkpoint}" in out
+    assert "size mismatch for decoder.embed_tokens.weight" in out
