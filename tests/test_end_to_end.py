@@ -11,10 +11,35 @@ from tests.conftest import PACKAGE, run_ok
 pytestmark = pytest.mark.e2e
 
 TRAIN = [
-    "--user-dir", PACKAGE, "--task", "clusterformer_lm", "--arch", "clusterformer_lm_tiny",
-    "--tokens-per-sample", "200", "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "0.003",
-    "--batch-size", "4", "--num-workers", "0", "--log-format", "simple", "--log-interval", "5", "--seed", "3",
-    "--memory-size", "3000", "--kmeans-iters", "10", "--no-epoch-checkpoints",
+    "--user-dir",
+    PACKAGE,
+    "--task",
+    "clusterformer_lm",
+    "--arch",
+    "clusterformer_lm_tiny",
+    "--tokens-per-sample",
+    "200",
+    "--sample-break-mode",
+    "none",
+    "--optimizer",
+    "adam",
+    "--lr",
+    "0.003",
+    "--batch-size",
+    "4",
+    "--num-workers",
+    "0",
+    "--log-format",
+    "simple",
+    "--log-interval",
+    "5",
+    "--seed",
+    "3",
+    "--memory-size",
+    "3000",
+    "--kmeans-iters",
+    "10",
+    "--no-epoch-checkpoints",
 ]
 
 
@@ -33,8 +58,21 @@ def perplexity(output):
 def trained(lm_data, tmp_path_factory):
     save = tmp_path_factory.mktemp("ckpt")
     out = run_ok(
-        "fairseq-train", lm_data, *TRAIN, "--save-dir", save, "--max-update", "40", "--cluster-update-interval", "10",
-        "--save-interval-updates", "10", "--keep-interval-updates", "-1", "--cluster-causality", "paper",
+        "fairseq-train",
+        lm_data,
+        *TRAIN,
+        "--save-dir",
+        save,
+        "--max-update",
+        "40",
+        "--cluster-update-interval",
+        "10",
+        "--save-interval-updates",
+        "10",
+        "--keep-interval-updates",
+        "-1",
+        "--cluster-causality",
+        "paper",
     )
     return save, out
 
@@ -60,8 +98,22 @@ def test_eval_lm_reports_a_perplexity_far_below_chance(trained, lm_data):
     vocab = sum(1 for _ in open(lm_data / "dict.txt")) + 4
     base2, ppl = perplexity(
         run_ok(
-            "fairseq-eval-lm", lm_data, "--user-dir", PACKAGE, "--path", save / "checkpoint_best.pt", "--gen-subset",
-            "test", "--tokens-per-sample", "200", "--context-window", "100", "--batch-size", "4", "--num-workers", "0",
+            "fairseq-eval-lm",
+            lm_data,
+            "--user-dir",
+            PACKAGE,
+            "--path",
+            save / "checkpoint_best.pt",
+            "--gen-subset",
+            "test",
+            "--tokens-per-sample",
+            "200",
+            "--context-window",
+            "100",
+            "--batch-size",
+            "4",
+            "--num-workers",
+            "0",
         )
     )
     assert ppl == pytest.approx(2**base2, rel=1e-3)
@@ -73,8 +125,32 @@ def test_eval_lm_handles_segments_shorter_than_a_window_and_off_the_stride(train
     # 45 tokens: shorter than the 64-token window and not a multiple of the 32-token stride
     _, ppl = perplexity(
         run_ok(
-            "fairseq-eval-lm", lm_data, "--user-dir", PACKAGE, "--path", save / "checkpoint_best.pt", "--gen-subset",
-            "test", "--tokens-per-sample", "45", "--batch-size", "8", "--num-workers", "0", "--max-sentences", "8",
+            "fairseq-eval-lm",
+            lm_data,
+            "--user-dir",
+            PACKAGE,
+            "--path",
+            save / "checkpoint_best.pt",
+            "--gen-subset",
+            "test",
+            "--tokens-per-sample",
+            "45",
+            "--batch-size",
+            "8",
+            "--num-workers",
+            "0",
+            "--max-sentences",
+            "8",
         )
     )
     assert 1 < ppl < float("inf")
+
+
+def test_plain_eval_lm_says_when_a_checkpoint_predates_the_first_refresh(trained, lm_data):
+    save, _ = trained
+    common = ["--user-dir", PACKAGE, "--gen-subset", "test", "--tokens-per-sample", "200", "--num-workers", "0"]
+    early = run_ok("fairseq-eval-lm", lm_data, "--path", save / "checkpoint_1_10.pt", *common, "--max-sentences", "4")
+    assert early.count("never refreshed by K-Means") == 2, early[-3000:]  # both long-range layers
+    assert perplexity(early)[1] > 1
+    late = run_ok("fairseq-eval-lm", lm_data, "--path", save / "checkpoint_last.pt", *common, "--max-sentences", "4")
+    assert "never refreshed" not in late

@@ -13,8 +13,22 @@ from tests.conftest import PACKAGE
 
 def build(data, *extra, arch="clusterformer_lm_tiny"):
     parser = options.get_training_parser()
-    argv = [str(data), "--user-dir", str(PACKAGE), "--task", "clusterformer_lm", "--arch", arch, "--dropout", "0",
-            "--tokens-per-sample", "256", "--memory-size", "1000", *map(str, extra)]
+    argv = [
+        str(data),
+        "--user-dir",
+        str(PACKAGE),
+        "--task",
+        "clusterformer_lm",
+        "--arch",
+        arch,
+        "--dropout",
+        "0",
+        "--tokens-per-sample",
+        "256",
+        "--memory-size",
+        "1000",
+        *map(str, extra),
+    ]
     args = options.parse_args_and_arch(parser, argv)
     cfg = convert_namespace_to_omegaconf(args)
     task = tasks.setup_task(cfg.task)
@@ -41,7 +55,10 @@ def test_wiki103_architecture_is_the_papers(lm_data):
     argv += ["--arch", "clusterformer_lm_wiki103"]
     args = options.parse_args_and_arch(parser, argv)
     assert (args.decoder_layers, args.decoder_attention_heads, args.decoder_embed_dim, args.decoder_ffn_embed_dim) == (
-        16, 8, 1024, 4096
+        16,
+        8,
+        1024,
+        4096,
     )
     assert args.adaptive_input and args.tie_adaptive_weights and args.adaptive_softmax_cutoff == "20000,60000"
     assert (args.dropout, args.long_range_layers, args.window_size, args.window_stride) == (0.3, "11,15", 256, 128)
@@ -95,10 +112,12 @@ def test_pads_never_enter_the_memory_bank(lm_data):
     tokens = torch.randint(4, len(task.dictionary), (2, 40))
     tokens[0, 25:] = pad
     model(tokens)
+    task.refresher.commit()  # what the task's train_step does after every micro-batch
     for bank in task.refresher.banks:
         assert len(bank) == 40 + 25
     model.eval()
     model(tokens)  # evaluation never writes to the bank
+    task.refresher.commit()
     assert all(len(bank) == 65 for bank in task.refresher.banks)
 
 

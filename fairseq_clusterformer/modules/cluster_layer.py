@@ -5,6 +5,7 @@ B = batch, T = tokens, C = channels, P = clusters.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -16,6 +17,8 @@ from fairseq_clusterformer.ops.clustering import assign_clusters, cluster_size_e
 from fairseq_clusterformer.ops.kmeans import random_ordered_centroids
 
 __all__ = ["CAUSALITY_CHOICES", "ClusterFormerLayer", "StateSink"]
+
+logger = logging.getLogger(__name__)
 
 # receives a layer's input states (B x T x C, detached) and its padding mask (B x T or None)
 StateSink = Callable[[Tensor, "Tensor | None"], None]
@@ -29,6 +32,8 @@ class ClusterFormerLayer(SortedWindowLayer):
         self.num_clusters = num_clusters
         # a buffer, not a parameter: K-Means on the memory bank sets it, and checkpoints carry it
         self.register_buffer("centroids", random_ordered_centroids(num_clusters, settings.embed_dim))
+        # how many K-Means refreshes these centroids have seen: a checkpoint says whether they were ever fitted
+        self.register_buffer("refreshes", torch.zeros((), dtype=torch.long))
         self.state_sink: StateSink | None = None
         self.last_cluster_entropy: Tensor | None = None
 
@@ -51,6 +56,7 @@ class ClusterFormerLayer(SortedWindowLayer):
             expected = tuple(self.centroids.shape)
             raise ValueError(f"new centroids have shape {tuple(centroids.shape)}, expected {expected}")
         self.centroids.copy_(centroids.to(self.centroids))
+        self.refreshes += 1
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):
         saved = state_dict.get(prefix + "centroids")
@@ -59,5 +65,14 @@ class ClusterFormerLayer(SortedWindowLayer):
                 f"checkpoint centroids {prefix}centroids have shape {tuple(saved.shape)} but the model expects "
                 f"{tuple(self.centroids.shape)}: --num-clusters ({self.num_clusters}) or the embedding dim "
                 "differs from the checkpoint's"
+            )
+        refreshes = state_dict.get(prefix + "refreshes")
+        if saved is not None and refreshes is None:
+            # checkpoints written before the count existed: keep the model's own count, say nothing about it
+            state_dict[prefix + "refreshes"] = self.refreshes.clone()
+        elif refreshes is not None and int(refreshes) == 0:
+            logger.warning(
+                f"{prefix}centroids were never refreshed by K-Means (the checkpoint was written before the first "
+                "refresh): this layer clusters with its random, greedily ordered initial centroids"
             )
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
