@@ -37,7 +37,17 @@ def lm_data(tmp_path_factory):
     """The committed WikiText-2 slice, binarised by the real fairseq-preprocess."""
     dest = tmp_path_factory.mktemp("wikitext2") / "data-bin"
     run_ok(
-        "fairseq-preprocess", "--only-source", "--trainpref", SLICE / "train.txt", "--validpref", SLICE / "valid.txt",
-        "--testpref", SLICE / "test.txt", "--destdir", dest, "--workers", "1",
+        "fairseq-preprocess",
+        "--only-source",
+        "--trainpref",
+        SLICE / "train.txt",
+        "--validpref",
+        SLICE / "valid.txt",
+        "--testpref",
+        SLICE / "test.txt",
+        "--destdir",
+        dest,
+        "--workers",
+        "1",
     )
     return dest

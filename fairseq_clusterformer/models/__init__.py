@@ -1,1 +1,1 @@
-from fairseq_clusterformer.models import clusterformer_lm  # noqa: F401
+from fairseq_clusterformer.models import clusterformer_lm, clusterformer_qa  # noqa: F401

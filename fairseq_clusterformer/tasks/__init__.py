@@ -1,1 +1,1 @@
-from fairseq_clusterformer.tasks import clusterformer_lm  # noqa: F401
+from fairseq_clusterformer.tasks import clusterformer_lm, clusterformer_qa  # noqa: F401

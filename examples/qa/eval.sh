@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Answer the questions of a binarised split with a trained checkpoint, write the official prediction file and print
+# EM / F1 (Natural Questions data: long / short answer F1).
+#   bash examples/qa/eval.sh DATA_BIN CHECKPOINT [SPLIT (default valid)] [OUTPUT (default CHECKPOINT_DIR/SPLIT.pred.json)]
+# Environment: MAX_CONTEXT_EVAL (default: the checkpoint's, 10,000 for the paper's settings), BATCH (default 4).
+set -euo pipefail
+
+if (($# < 2)) || [[ "$1" == -h || "$1" == --help ]]; then
+    sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
+    exit $(($# < 2 ? 2 : 0))
+fi
+DATA="$1" CHECKPOINT="$2" SPLIT="${3:-valid}"
+OUTPUT="${4:-$(dirname "$CHECKPOINT")/$SPLIT.pred.json}"
+FLAGS=(--split "$SPLIT" --output "$OUTPUT" --batch-size "${BATCH:-4}")
+[[ -n "${MAX_CONTEXT_EVAL:-}" ]] && FLAGS+=(--max-context-eval "$MAX_CONTEXT_EVAL")
+fairseq-clusterformer-qa-predict "$DATA" --path "$CHECKPOINT" "${FLAGS[@]}" | grep '^|'

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Train the Cluster-Former QA model on a binarised QA data set (from prepare_{squad,quasart,searchqa,nq}.sh).
+#   bash examples/qa/train.sh DATA_BIN [--small] [more fairseq-train flags...]
+# Defaults are the paper's (section 4.2): RoBERTa-large with Cluster-Former layers 15 and 20 (clusterformer_qa_large),
+# windows of 256 context tokens with stride 224, Adam, lr 5e-5, 2,220 warm-up updates of 22,200 (linear decay),
+# 160 questions per update, dropout 0.1, contexts up to 5,000 tokens in training and 10,000 in validation.
+# --small: a CPU-sized run from scratch (clusterformer_qa_tiny, 4 layers of 64 dims, windows 64 / stride 48,
+#   lr 1e-3, 8 questions per update, 2,000 updates, training contexts cut to their first 2,048 tokens); override
+#   as below.
+# Environment overrides: ARCH, ROBERTA (directory with model.pt + dict.txt of a fairseq RoBERTa, or empty to train
+#   from scratch), LR, WARMUP, UPDATES, BATCH (questions per update), MAX_SENTENCES (questions per forward pass and
+#   device), DROPOUT, LONG_RANGE (cluster|lsh|sparse|none), CLUSTERS, WINDOW, STRIDE, MAX_CONTEXT_TRAIN,
+#   MAX_CONTEXT_EVAL, MAX_QUESTION, CONTEXT_OVERFLOW (skip|truncate), MEMORY, KMEANS_INTERVAL, KMEANS_BACKEND,
+#   SAVE_DIR, SEED. Extra arguments go to fairseq-train as they are.
+set -euo pipefail
+
+if (($# < 1)) || [[ "$1" == -h || "$1" == --help ]]; then
+    sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
+    exit $(($# < 1 ? 2 : 0))
+fi
+DATA="$1"; shift
+SMALL=0
+EXTRA=()
+for arg in "$@"; do
+    if [[ "$arg" == --small ]]; then SMALL=1; else EXTRA+=("$arg"); fi
+done
+[[ -f "$DATA/dict.txt" && -f "$DATA/qa_config.json" ]] || { echo "$0: $DATA is not a binarised QA directory" >&2; exit 2; }
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$(dirname "$here")")"
+
+if ((SMALL)); then
+    ARCH="${ARCH:-clusterformer_qa_tiny}" LR="${LR:-1e-3}" WARMUP="${WARMUP:-200}" UPDATES="${UPDATES:-2000}"
+    BATCH="${BATCH:-8}" MAX_SENTENCES="${MAX_SENTENCES:-8}" WINDOW="${WINDOW:-64}" STRIDE="${STRIDE:-48}"
+    CLUSTERS="${CLUSTERS:-16}" MAX_CONTEXT_TRAIN="${MAX_CONTEXT_TRAIN:-2048}" MEMORY="${MEMORY:-20000}"
+    KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MAX_QUESTION="${MAX_QUESTION:-62}" ROBERTA="${ROBERTA:-}"
+    CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-truncate}" DEVICE=(--cpu)
+else
+    ARCH="${ARCH:-clusterformer_qa_large}" LR="${LR:-5e-5}" WARMUP="${WARMUP:-2220}" UPDATES="${UPDATES:-22200}"
+    BATCH="${BATCH:-160}" MAX_SENTENCES="${MAX_SENTENCES:-1}" WINDOW="${WINDOW:-256}" STRIDE="${STRIDE:-224}"
+    CLUSTERS="${CLUSTERS:-512}" MAX_CONTEXT_TRAIN="${MAX_CONTEXT_TRAIN:-5000}" MEMORY="${MEMORY:-100000}"
+    KMEANS_INTERVAL="${KMEANS_INTERVAL:-0}" MAX_QUESTION="${MAX_QUESTION:-64}"
+    ROBERTA="${ROBERTA-data-bin/roberta.large}"
+    DEVICE=()
+fi
+DROPOUT="${DROPOUT:-0.1}" LONG_RANGE="${LONG_RANGE:-cluster}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-10000}"
+CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-skip}" KMEANS_BACKEND="${KMEANS_BACKEND:-faiss}" SEED="${SEED:-1}"
+SAVE_DIR="${SAVE_DIR:-checkpoints/qa_${ARCH}_${LONG_RANGE}}"
+
+# 160 questions per update: as many forward passes per device as it takes (fairseq's --update-freq)
+DEVICES=$(python -c "import torch; print(max(1, torch.cuda.device_count()))")
+((SMALL)) && DEVICES=1
+UPDATE_FREQ=$(((BATCH + MAX_SENTENCES * DEVICES - 1) / (MAX_SENTENCES * DEVICES)))
+
+PRETRAINED=()
+if [[ -n "$ROBERTA" ]]; then
+    [[ -f "$ROBERTA/model.pt" ]] || { echo "$0: no RoBERTa checkpoint at $ROBERTA/model.pt (set ROBERTA= to train from scratch)" >&2; exit 2; }
+    PRETRAINED=(--roberta-path "$ROBERTA")
+fi
+
+set -x
+fairseq-train "$DATA" --user-dir "$repo/fairseq_clusterformer" \
+    --task clusterformer_qa --arch "$ARCH" --criterion clusterformer_qa "${PRETRAINED[@]}" \
+    --long-range-layer "$LONG_RANGE" --num-clusters "$CLUSTERS" --window-size "$WINDOW" --window-stride "$STRIDE" \
+    --max-question-tokens "$MAX_QUESTION" --max-context-train "$MAX_CONTEXT_TRAIN" \
+    --max-context-eval "$MAX_CONTEXT_EVAL" --context-overflow "$CONTEXT_OVERFLOW" \
+    --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-6 --weight-decay 0.01 --clip-norm 1.0 \
+    --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$WARMUP" --total-num-update "$UPDATES" \
+    --max-update "$UPDATES" --batch-size "$MAX_SENTENCES" --update-freq "$UPDATE_FREQ" \
+    --dropout "$DROPOUT" --attention-dropout "$DROPOUT" \
+    --memory-size "$MEMORY" --cluster-update-interval "$KMEANS_INTERVAL" --kmeans-backend "$KMEANS_BACKEND" \
+    --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --no-epoch-checkpoints \
+    --save-dir "$SAVE_DIR" --seed "$SEED" --log-format simple --log-interval 50 --num-workers 0 \
+    "${DEVICE[@]}" "${EXTRA[@]}"

@@ -1,0 +1,98 @@
+"""The QA encoder: RoBERTa's embeddings and layers, run over question + context windows.
+
+B = batch, K = windows, Q = question block, T = context tokens, W = Q + l tokens per window, S = flat length,
+C = channels.
+
+fairseq's TransformerEncoder keeps its embeddings (token, learned positions, embedding layer norm) and its
+parameter names, so a RoBERTa checkpoint loads unchanged; its layers are replaced by windowed ones:
+sliding-window layers on ``[<s> question </s> context-window]`` windows and, at the long-range positions,
+the layer that ``build_layer`` makes (Cluster-Former, LSH, sparse) on the flat eq.-4 sequence of every
+window's question copy plus the merged context.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+from fairseq.models.transformer import TransformerEncoder
+from torch import Tensor
+
+from fairseq_clusterformer.modules.decoder import LongRangePlan, build_layer
+from fairseq_clusterformer.modules.windowed_layer import LayerSettings, SlidingWindowLayer
+from fairseq_clusterformer.ops.qa_windows import QAInputWindows, QALayout, QAWindows, from_flat, qa_tokens
+
+
+@dataclass
+class QAEncoderOut:
+    question: Tensor  # B x K x Q x C, every window's question copy
+    context: Tensor  # B x T x C, merged context states
+    question_valid: Tensor  # B x K x Q, False at pads and in windows that hold none of the example's context
+    layout: QALayout
+
+
+class ClusterFormerQAEncoder(TransformerEncoder):
+    """fairseq's TransformerEncoder (named ``sentence_encoder`` inside RoBERTa) with windowed layers."""
+
+    def __init__(self, args, dictionary, embed_tokens, settings: LayerSettings, plan: LongRangePlan) -> None:
+        if 1 in plan.layers and plan.kind != "none":
+            raise ValueError(
+                "--long-range-layers may not include layer 1: a long-range layer runs on the merged states of a "
+                "sliding-window layer below it (paper section 3.2)"
+            )
+        # let the base class build the embeddings but no layers, then put the windowed layers in their place
+        base_args = copy.deepcopy(args)
+        base_args.encoder_layers = 0
+        super().__init__(base_args, dictionary, embed_tokens)
+        self.args = args
+        self.settings = settings
+        self.bos, self.eos = dictionary.bos(), dictionary.eos()
+        # the first layer's windows carry their own position embeddings, so it always merges whole layer outputs
+        first = dataclasses.replace(settings, window_merge="layer")
+        self.layers.extend(build_layer(i + 1, first if i == 0 else settings, plan) for i in range(args.encoder_layers))
+        self.num_layers = len(self.layers)
+
+    def layout(self, question: Tensor, context: Tensor) -> QALayout:
+        return QALayout(question.size(1) + 2, context.size(1), self.settings.window_size, self.settings.window_stride)
+
+    def forward_qa(self, question: Tensor, context: Tensor) -> QAEncoderOut:
+        """question: B x q ids without <s>/</s>, context: B x T ids, both right-padded."""
+        layout = self.layout(question, context)
+        bsz = question.size(0)
+        flat, tokens = qa_tokens(question, context, layout, self.bos, self.eos, self.padding_idx)  # B x S, B x K x W
+        # positions restart in every window: embed each window as its own sequence (pads are skipped, so the
+        # context follows the question of this example whatever the batch's longest question)
+        x, _ = self.forward_embedding(tokens.flatten(0, 1))  # (B*K) x W x C
+        x = x.reshape(bsz, -1, x.size(-1))  # B x K*W x C
+        window_pad = tokens.eq(self.padding_idx).flatten(1)  # B x K*W
+        flat_pad = flat.eq(self.padding_idx)  # B x S
+        first, *rest = self.layers
+        x = first.run_windows(x, QAInputWindows(layout), window_pad)  # B x S x C
+        for layer in rest:
+            if isinstance(layer, SlidingWindowLayer):
+                x = layer.run_windows(x, QAWindows(layout), flat_pad)
+            else:
+                x = layer(x, flat_pad)  # long-range layers: all question copies and the context at once
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        question_states, context_states = from_flat(x, layout)
+        question_pad, _ = from_flat(flat_pad, layout)
+        return QAEncoderOut(question_states, context_states, ~question_pad, layout)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Older fairseq names inside a layer: ``layer_norms.{0,1}`` and a fused ``in_proj_weight``/``bias``.
+        (The base class would ask each layer to do this; the windowed layers keep no such history.)"""
+        for i in range(self.num_layers):
+            prefix = f"{name}.layers.{i}."
+            for old, new in (("layer_norms.0", "self_attn_layer_norm"), ("layer_norms.1", "final_layer_norm")):
+                for kind in ("weight", "bias"):
+                    if prefix + f"{old}.{kind}" in state_dict:
+                        state_dict[prefix + f"{new}.{kind}"] = state_dict.pop(prefix + f"{old}.{kind}")
+            for kind in ("weight", "bias"):
+                fused = state_dict.pop(prefix + f"self_attn.in_proj_{kind}", None)
+                if fused is not None:
+                    # fairseq fused q, k and v in this order along the output dimension
+                    for proj, part in zip(("q_proj", "k_proj", "v_proj"), fused.chunk(3, dim=0)):
+                        state_dict[prefix + f"self_attn.{proj}.{kind}"] = part
+        return state_dict

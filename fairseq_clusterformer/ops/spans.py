@@ -1,0 +1,78 @@
+"""Answer spans: the marginal likelihood of a set of gold spans, and best-span decoding.
+
+B = batch, T = context tokens, G = gold spans per example (padded with -1), L = longest answer, P = candidates.
+Spans are inclusive token indices [start, end] into the context.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def at_least_float32(x: Tensor) -> Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def masked_log_softmax(logits: Tensor, valid: Tensor) -> Tensor:
+    """log-softmax of B x N logits over the positions where ``valid`` (B x N) is True; -inf elsewhere.
+
+    Computed in at least float32 so that a long context's normaliser does not lose precision in fp16.
+    A row without any valid position is all -inf (callers drop such rows)."""
+    masked = at_least_float32(logits).masked_fill(~valid, float("-inf"))
+    norm = torch.logsumexp(masked, dim=-1, keepdim=True)  # B x 1
+    return (masked - norm.nan_to_num(neginf=0.0)).masked_fill(~valid, float("-inf"))
+
+
+def gold_span_log_likelihood(
+    start_logits: Tensor, end_logits: Tensor, valid: Tensor, spans: Tensor
+) -> tuple[Tensor, Tensor]:
+    """log sum over the gold spans of p(start) p(end): marginal likelihood for distant supervision, where the
+    answer text occurs several times and any occurrence may be the right one.
+
+    start_logits / end_logits: B x T, valid: B x T (True where a span may start or end),
+    spans: B x G x 2 inclusive (start, end), rows padded with -1.
+    Returns (log-likelihood B, has_gold B): a row whose gold spans are all padding or invalid has
+    log-likelihood 0 and has_gold False, so that summing over the batch leaves it out.
+    """
+    log_start = masked_log_softmax(start_logits, valid)  # B x T
+    log_end = masked_log_softmax(end_logits, valid)  # B x T
+    starts, ends = spans[..., 0], spans[..., 1]  # B x G
+    real = (starts >= 0) & (ends >= starts)  # B x G
+    per_span = log_start.gather(1, starts.clamp(min=0)) + log_end.gather(1, ends.clamp(min=0))  # B x G
+    per_span = per_span.masked_fill(~real, float("-inf"))
+    total = torch.logsumexp(per_span, dim=-1)  # B
+    has_gold = torch.isfinite(total)
+    return total.masked_fill(~has_gold, 0.0), has_gold
+
+
+def best_spans(
+    start_logits: Tensor, end_logits: Tensor, valid: Tensor, max_length: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Highest start_logit[s] + end_logit[e] with s <= e < s + max_length, s and e valid.
+
+    Returns (starts B, ends B, scores B); a row with no valid position gets -inf and start = end = 0.
+    The candidates are a B x T x L band built by ``unfold``, so decoding a 10k-token context is one kernel.
+    """
+    if max_length < 1:
+        raise ValueError(f"the longest answer must be at least one token, got {max_length}")
+    bsz, length = start_logits.shape
+    width = min(max_length, length)
+    start = at_least_float32(start_logits).masked_fill(~valid, float("-inf"))  # B x T
+    end = at_least_float32(end_logits).masked_fill(~valid, float("-inf"))  # B x T
+    end = torch.cat([end, end.new_full((bsz, width - 1), float("-inf"))], dim=1)  # B x (T+L-1)
+    band = end.unfold(1, width, 1)  # B x T x L, band[b, s, j] = end[b, s + j]
+    scores = start[:, :, None] + band  # B x T x L
+    best, flat = scores.reshape(bsz, -1).max(dim=-1)  # B
+    starts = flat // width
+    ends = starts + flat % width
+    found = torch.isfinite(best)
+    zero = torch.zeros_like(starts)
+    return torch.where(found, starts, zero), torch.where(found, ends, zero), best
+
+
+def candidate_log_softmax(logits: Tensor, positions: Tensor) -> Tensor:
+    """log-softmax of per-token logits B x T over candidate positions B x P (padded with -1): B x P,
+    -inf at padding. Used to rank paragraphs by the logits of their paragraph tokens."""
+    picked = logits.gather(1, positions.clamp(min=0))  # B x P
+    return masked_log_softmax(picked, positions >= 0)

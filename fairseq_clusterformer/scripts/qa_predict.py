@@ -1,0 +1,132 @@
+"""fairseq-clusterformer-qa-predict: answer the questions of a binarised split with a trained clusterformer_qa
+checkpoint, write the predictions in the data set's official format and print EM / F1 (NQ: long / short F1).
+
+    fairseq-clusterformer-qa-predict data-bin/squad --path checkpoints/checkpoint_best.pt --split valid \
+        --output predictions.json
+
+SQuAD, Quasar-T and SearchQA get ``{"question id": "answer"}`` (evaluate-v1.1.py's input); Natural Questions
+data (answer types in the meta) gets nq_eval.py's ``{"predictions": [...]}``. Scores average over every question
+of the split: one the model could not take (a context over --max-context-eval, ...) counts as unanswered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+import torch
+from fairseq import checkpoint_utils, utils
+
+from fairseq_clusterformer.data.qa_predictions import nq_prediction, write_nq_predictions, write_squad_predictions
+from fairseq_clusterformer.modules.qa_heads import ANSWER_TYPES, paragraph_positions, span_positions
+from fairseq_clusterformer.ops.qa_metrics import NQLabel, nq_label_from_json, nq_scores, squad_scores
+from fairseq_clusterformer.ops.spans import best_spans, candidate_log_softmax
+
+logger = logging.getLogger("fairseq_clusterformer.qa_predict")
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fairseq-clusterformer-qa-predict", description=__doc__.split("\n")[0])
+    parser.add_argument("data", help="directory written by fairseq-clusterformer-qa-binarize")
+    parser.add_argument("--path", required=True, help="clusterformer_qa checkpoint")
+    parser.add_argument("--split", default="valid")
+    parser.add_argument("--output", required=True, help="prediction file (official format of the data set)")
+    parser.add_argument("--batch-size", type=int, default=4, help="questions per forward pass")
+    parser.add_argument("--max-context-eval", type=int, help="longest context (default: the checkpoint's task's)")
+    parser.add_argument("--max-answer-tokens", type=int, help="longest answer span (default: the checkpoint's)")
+    parser.add_argument("--nq-threshold", type=int, default=1, help="NQ: non-null annotations that make gold answered")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is there")
+    return parser
+
+
+def load(args: argparse.Namespace):
+    overrides = {"data": args.data, "roberta_path": None}  # the trained weights replace any pretrained ones
+    for key in ("max_context_eval", "max_answer_tokens"):
+        if getattr(args, key) is not None:
+            overrides[key] = getattr(args, key)
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], arg_overrides=overrides)
+    model = models[0].eval()
+    if torch.cuda.is_available() and not args.cpu:
+        model.cuda()
+    return model, task
+
+
+@torch.no_grad()
+def predict(model, task, split: str, batch_size: int):
+    """Yield (example index, answer type, start, end, span score, paragraph, paragraph score) per kept question."""
+    task.load_dataset(split)
+    dataset = task.dataset(split)
+    itr = task.get_batch_iterator(dataset, max_sentences=batch_size).next_epoch_itr(shuffle=False)
+    device = next(model.parameters()).device
+    for sample in itr:
+        sample = utils.move_to_cuda(sample, device) if device.type == "cuda" else sample
+        logits = model(**sample["net_input"])
+        context = sample["net_input"]["context"]
+        valid = span_positions(context, task.dictionary.pad(), task.paragraph)
+        starts, ends, scores = best_spans(logits["start"], logits["end"], valid, task.cfg.max_answer_tokens)
+        kinds = [ANSWER_TYPES.index("short")] * len(starts)
+        paragraphs = paragraph_scores = [0.0] * len(starts)
+        if "answer_type" in logits:
+            kinds = logits["answer_type"].argmax(dim=-1).tolist()
+            log_p = candidate_log_softmax(logits["paragraph"], paragraph_positions(context, task.paragraph))
+            paragraph_scores, paragraphs = log_p.max(dim=-1)
+            paragraph_scores, paragraphs = paragraph_scores.tolist(), paragraphs.tolist()
+        for row, index in enumerate(sample["example_index"]):
+            yield (
+                index,
+                ANSWER_TYPES[kinds[row]],
+                int(starts[row]),
+                int(ends[row]),
+                float(scores[row]),
+                paragraphs[row],
+                paragraph_scores[row],
+            )
+
+
+def main(args: argparse.Namespace) -> dict[str, float]:
+    model, task = load(args)
+    data = task.split_data(args.split)
+    results = list(predict(model, task, args.split, args.batch_size))
+    print(f"| {task.dataset(args.split).report()}")
+    if not task.answer_types:
+        answers = {data.metas[i]["id"]: data.span_text(i, start, end) for i, _, start, end, *_ in results}
+        write_squad_predictions(args.output, answers)
+        scores = squad_scores({meta["id"]: meta["answers"] for meta in data.metas}, answers)
+        print(f"| {args.split}: {len(answers)} of {len(data)} questions answered -> {args.output}")
+        print(f"| EM {scores['exact_match']:.2f} | F1 {scores['f1']:.2f}")
+        return scores
+    predictions = {}
+    for i, kind, start, end, span_score, paragraph, paragraph_score in results:
+        example = data[i]
+        predictions[data.metas[i]["extra"]["example_id"]] = nq_prediction(
+            data.tokenizer, example.context, example.meta, kind, paragraph, paragraph_score, (start, end), span_score
+        )
+    write_nq_predictions(args.output, list(predictions.values()))
+    golds = {
+        meta["extra"]["example_id"]: [nq_label_from_json(a) for a in meta["extra"].get("annotations", [])]
+        or [NQLabel()]
+        for meta in data.metas
+    }
+    scores = nq_scores(golds, {k: nq_label_from_json(p) for k, p in predictions.items()}, args.nq_threshold)
+    print(f"| {args.split}: {len(predictions)} of {len(data)} questions answered -> {args.output}")
+    print(f"| long F1 {100 * scores['long-f1']:.2f} | short F1 {100 * scores['short-f1']:.2f}")
+    return scores
+
+
+def cli_main() -> None:
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr
+    )
+    args = get_parser().parse_args()
+    try:
+        scores = main(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"fairseq-clusterformer-qa-predict: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps(scores))
+
+
+if __name__ == "__main__":
+    cli_main()
