@@ -4,4 +4,9 @@ fairseq's --user-dir loader imports models/ and tasks/ by itself but not criteri
 imports all three: a plain ``import fairseq_clusterformer`` registers everything too.
 """
 
-from fairseq_clusterformer import criterions, models, tasks  # noqa: F401
+from fairseq_clusterformer.fairseq_compat import restore_official_batching
+
+# before any dataset is batched: fairseq-fixed would silently drop the last batch of every split
+restore_official_batching()
+
+from fairseq_clusterformer import criterions, models, tasks  # noqa: E402, F401

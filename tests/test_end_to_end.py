@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fairseq_clusterformer.ops.kmeans import greedy_order
-from tests.conftest import PACKAGE, run_ok
+from tests.conftest import PACKAGE, SLICE, run_ok
 
 pytestmark = pytest.mark.e2e
 
@@ -154,3 +154,15 @@ def test_plain_eval_lm_says_when_a_checkpoint_predates_the_first_refresh(trained
     assert perplexity(early)[1] > 1
     late = run_ok("fairseq-eval-lm", lm_data, "--path", save / "checkpoint_last.pt", *common, "--max-sentences", "4")
     assert "never refreshed" not in late
+
+
+def test_eval_lm_scores_every_token_of_the_split(trained, lm_data):
+    """fairseq-fixed drops a last batch smaller than --required-batch-size-multiple; the plug-in keeps it."""
+    save, _ = trained
+    expected = sum(len(line.split()) + 1 for line in open(SLICE / "test.txt", encoding="utf-8"))
+    out = run_ok(
+        "fairseq-eval-lm", lm_data, "--user-dir", PACKAGE, "--path", save / "checkpoint_best.pt",
+        "--gen-subset", "test", "--tokens-per-sample", "200", "--batch-size", "4", "--num-workers", "0",
+    )  # fmt: skip
+    evaluated = re.search(r"Evaluated ([\d,]+) tokens", out)
+    assert evaluated and int(evaluated.group(1).replace(",", "")) == expected, out[-2000:]
