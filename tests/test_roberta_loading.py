@@ -9,6 +9,7 @@ import pytest
 import torch
 from fairseq import options
 
+from fairseq_clusterformer.models.clusterformer_qa import BT_COPY
 from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
 from tests.conftest import run_ok
 from tests.data.qa_model.synthetic import shared_data
@@ -75,7 +76,13 @@ def pretrained(path):
 
 def assert_roberta_weights(model, state, pretrained_symbols):
     ours = model.state_dict()
-    encoder = [k for k in state if k.startswith("encoder.sentence_encoder.") and "embed_tokens" not in k]
+    # fairseq 0.12.2's layers also save fused copies of their weights (in_proj_weight, fc1_weight, ...) for its
+    # BetterTransformer path; the model drops them, and the separate weights they copy are compared below
+    encoder = [
+        k
+        for k in state
+        if k.startswith("encoder.sentence_encoder.") and "embed_tokens" not in k and not BT_COPY.search(k)
+    ]
     assert any(".layers.1." in k for k in encoder)  # the long-range layer (number 2) is among them
     for key in encoder:
         assert torch.equal(ours[key], state[key]), key
@@ -131,7 +138,8 @@ def test_namespace_checkpoints_need_the_allow_list(namespace_checkpoint):
     """torch's default (weights_only) refuses the file; fairseq's loader reads it once the plug-in is imported."""
     plain = f"import torch; torch.load({str(namespace_checkpoint)!r}, map_location='cpu')"
     refused = subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True)
-    assert refused.returncode != 0 and "Namespace" in refused.stderr
+    if tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 6):  # weights_only is the default
+        assert refused.returncode != 0 and "Namespace" in refused.stderr
     loaded = (
         "import fairseq_clusterformer; from fairseq import checkpoint_utils; "
         f"s = checkpoint_utils.load_checkpoint_to_cpu({str(namespace_checkpoint)!r}); print(s['cfg'].model.arch)"
@@ -206,7 +214,7 @@ def test_restore_file_fine_tunes_from_roberta_with_fairseq_train(namespace_check
     symbols = Dictionary.load(str(namespace_checkpoint.parent / "dict.txt")).symbols
     index = {s: i for i, s in enumerate(symbols)}
     for key, value in state.items():
-        if key.startswith("encoder.sentence_encoder.layers."):
+        if key.startswith("encoder.sentence_encoder.layers.") and not BT_COPY.search(key):
             assert torch.allclose(qa_state[key], value, atol=1e-8), key
     qa_symbols = Dictionary.load(str(qa_data / "dict.txt")).symbols
     rows = qa_state["encoder.sentence_encoder.embed_tokens.weight"]

@@ -8,6 +8,7 @@ layer, the long-range layers included; the QA heads are new.
 from __future__ import annotations
 
 import os
+import re
 
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta import (
@@ -141,7 +142,11 @@ class ClusterFormerQAModel(RobertaModel):
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name else ""
         if not any(k.startswith(prefix + NEW_PREFIX) for k in state_dict):
-            # a RoBERTa checkpoint (--roberta-path or --restore-file), not one of ours
+            # a RoBERTa checkpoint (--roberta-path or --restore-file), not one of ours. fairseq 0.12.2's encoder layers
+            # add fused copies of their weights for the BetterTransformer path (layers.N.in_proj_weight, fc1_weight,
+            # ...) to any state dict they load; the separate weights they copy stay, so the copies are dropped
+            for key in [k for k in state_dict if k.startswith(prefix) and BT_COPY.search(k)]:
+                del state_dict[key]
             dict_path = self.pretrained_dict_path or safe_getattr(self.args, "roberta_dict", None)
             adapt_roberta_state(self, state_dict, prefix, pretrained_dictionary(dict_path))
 
@@ -152,6 +157,9 @@ class ClusterFormerQAModel(RobertaModel):
 
     def max_positions(self):
         return None  # a QA example is any number of windows; the task limits context lengths
+
+
+BT_COPY = re.compile(r"\.layers\.\d+\.(in_proj|out_proj|fc1|fc2)_(weight|bias)$")
 
 
 def _set_defaults(args, **defaults) -> None:

@@ -32,7 +32,9 @@ NEW_SUFFIX = ".centroids"  # the Cluster-Former layers' centroids (set by K-Mean
 
 
 def allow_namespace_checkpoints() -> None:
-    torch.serialization.add_safe_globals([argparse.Namespace])
+    # torch < 2.4 has no allow-list, and its torch.load unpickles anything by default (weights_only=False)
+    if hasattr(torch.serialization, "add_safe_globals"):
+        torch.serialization.add_safe_globals([argparse.Namespace])
 
 
 allow_namespace_checkpoints()
