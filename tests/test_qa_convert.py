@@ -1,4 +1,4 @@
-"""Converters: small samples written here in each data set's published format (/work/shared/QA_FORMATS.md; the
+"""Converters: small samples written here in each data set's published format (the data sets' own documentation; the
 examples are made up in the published shape), the real SQuAD files when ../shared/data is there, and bad input."""
 
 import gzip

@@ -1,4 +1,4 @@
-"""The binarised QA format (stage 2 of /work/notes/qa_format.md): writer, reader, and predicted span -> answer text.
+"""The binarised QA format (stage 2 of examples/qa/FORMAT.md): writer, reader, and predicted span -> answer text.
 
 Q = question tokens, N = context tokens.
 

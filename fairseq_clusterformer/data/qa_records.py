@@ -1,4 +1,4 @@
-"""The QA record (stage 1 of the QA data interface, /work/notes/qa_format.md): what every converter writes, one JSON
+"""The QA record (stage 1 of the QA data interface, examples/qa/FORMAT.md): what every converter writes, one JSON
 object per line, and what the binariser reads.
 
 A record is one question with its whole long context, given as a list of paragraphs. Gold answers are texts plus
