@@ -10,6 +10,13 @@ PACKAGE = REPO / "fairseq_clusterformer"
 SLICE = Path(os.environ.get("CLUSTERFORMER_TEST_TEXT", REPO / "examples" / "data" / "wikitext-2-slice"))
 BIN = Path(sys.executable).parent
 
+# the tiny language model every end-to-end fairseq-train test starts from; each test adds its own schedule
+TINY_LM_TRAIN = [
+    "--user-dir", PACKAGE, "--task", "clusterformer_lm", "--arch", "clusterformer_lm_tiny",
+    "--tokens-per-sample", "200", "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "0.003",
+    "--batch-size", "4", "--num-workers", "0",
+]  # fmt: skip
+
 
 def run_cli(tool, *args, cwd=None, timeout=900):
     """Run a real fairseq console script (fairseq-train, fairseq-eval-lm, ...) and return its output."""

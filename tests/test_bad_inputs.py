@@ -9,7 +9,7 @@ from fairseq_clusterformer.tasks.checkpoint_files import (
     check_dictionary,
     dictionary_fingerprint,
 )
-from tests.conftest import PACKAGE, SLICE, run_cli, run_ok
+from tests.conftest import PACKAGE, SLICE, TINY_LM_TRAIN, run_cli, run_ok
 
 
 def test_truncated_or_foreign_checkpoint_files_are_named(tmp_path):
@@ -43,29 +43,7 @@ def test_dictionary_mismatch_is_explained():
         check_dictionary(saved, shuffled, "data/dict.txt")
 
 
-TRAIN = [
-    "--user-dir",
-    PACKAGE,
-    "--task",
-    "clusterformer_lm",
-    "--arch",
-    "clusterformer_lm_tiny",
-    "--tokens-per-sample",
-    "200",
-    "--sample-break-mode",
-    "none",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.003",
-    "--batch-size",
-    "4",
-    "--num-workers",
-    "0",
-    "--memory-size",
-    "2000",
-    "--no-epoch-checkpoints",
-]
+TRAIN = [*TINY_LM_TRAIN, "--memory-size", "2000", "--no-epoch-checkpoints"]
 EVAL = ["--user-dir", PACKAGE, "--gen-subset", "test", "--tokens-per-sample", "200", "--batch-size", "4"]
 
 

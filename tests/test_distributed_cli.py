@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import PACKAGE, run_cli, run_ok
+from tests.conftest import TINY_LM_TRAIN, run_cli, run_ok
 
 pytestmark = pytest.mark.e2e
 
@@ -32,25 +32,8 @@ if __name__ == "__main__":
 """
 
 TRAIN = [
-    "--user-dir",
-    PACKAGE,
-    "--task",
-    "clusterformer_lm",
-    "--arch",
-    "clusterformer_lm_tiny",
+    *TINY_LM_TRAIN,
     "--cpu",
-    "--tokens-per-sample",
-    "200",
-    "--sample-break-mode",
-    "none",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.003",
-    "--batch-size",
-    "4",
-    "--num-workers",
-    "0",
     "--log-format",
     "simple",
     "--log-interval",

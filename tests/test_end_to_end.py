@@ -6,29 +6,12 @@ import pytest
 import torch
 
 from fairseq_clusterformer.ops.kmeans import greedy_order
-from tests.conftest import PACKAGE, SLICE, run_ok
+from tests.conftest import PACKAGE, SLICE, TINY_LM_TRAIN, run_ok
 
 pytestmark = pytest.mark.e2e
 
 TRAIN = [
-    "--user-dir",
-    PACKAGE,
-    "--task",
-    "clusterformer_lm",
-    "--arch",
-    "clusterformer_lm_tiny",
-    "--tokens-per-sample",
-    "200",
-    "--sample-break-mode",
-    "none",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.003",
-    "--batch-size",
-    "4",
-    "--num-workers",
-    "0",
+    *TINY_LM_TRAIN,
     "--log-format",
     "simple",
     "--log-interval",

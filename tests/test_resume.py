@@ -11,7 +11,7 @@ from fairseq import checkpoint_utils
 from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
 from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings
-from tests.conftest import PACKAGE, run_ok
+from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_ok
 
 DIM, CLUSTERS = 8, 4
 
@@ -84,24 +84,7 @@ def test_resume_with_another_memory_size_names_the_flag():
 
 
 TRAIN = [
-    "--user-dir",
-    PACKAGE,
-    "--task",
-    "clusterformer_lm",
-    "--arch",
-    "clusterformer_lm_tiny",
-    "--tokens-per-sample",
-    "200",
-    "--sample-break-mode",
-    "none",
-    "--optimizer",
-    "adam",
-    "--lr",
-    "0.003",
-    "--batch-size",
-    "4",
-    "--num-workers",
-    "0",
+    *TINY_LM_TRAIN,
     "--log-format",
     "simple",
     "--log-interval",

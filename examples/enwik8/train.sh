@@ -20,7 +20,7 @@ Every setting is an environment variable (defaults: paper / --small):
   LAYERS=16/6  HEADS=8/4  EMBED_DIM=512/128  FFN_DIM=2048/256  TOKENS=3072/2048  WINDOW=256/128
   STRIDE=128/64  BATCH=16/2 (segments per update, all GPUs and UPDATE_FREQ together)  UPDATE_FREQ=1  GPUS (all
   visible)  OPTIMIZER=sgd/adam  LR=0.1/0.002  CLIP=0.1/0.5  WARMUP=16000/100  UPDATES=286000/300  DROPOUT=0.3/0.1
-  MEMORY_SIZE=100000/20000  CLUSTER_UPDATE_INTERVAL=2000/100  KMEANS_ITERS=20/10  KMEANS_BACKEND=faiss
+  MEMORY_SIZE=100000/20000  CLUSTER_UPDATE_INTERVAL=2000/100  KMEANS_ITERS=20/10  KMEANS_BACKEND=auto
   FP16=0|1  BF16=0|1  SEED=1  SAVE_DIR (checkpoints/enwik8-<long-range>...)  LOG_INTERVAL=100/50
   EXTRA_ARGS (appended to the fairseq-train command, word-split)
 USAGE
@@ -52,48 +52,7 @@ else
   d_stride=128 d_clusters=512 d_batch=16 d_opt=sgd d_lr=0.1 d_clip=0.1 d_warmup=16000 d_updates=286000
   d_dropout=0.3 d_memory=100000 d_interval=2000 d_iters=20 d_log=100 d_criterion=cross_entropy
 fi
-long_range="${LONG_RANGE:-cluster}" causality="${CAUSALITY:-strict}" clusters="${CLUSTERS:-$d_clusters}"
-case "$long_range" in cluster|lsh|sparse|none) ;; *) die "LONG_RANGE must be cluster, lsh, sparse or none, got '$long_range'" ;; esac
-case "$causality" in strict|paper) ;; *) die "CAUSALITY must be strict or paper, got '$causality'" ;; esac
-
-gpus="${GPUS:-$(python -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)}"
-update_freq="${UPDATE_FREQ:-1}" batch="${BATCH:-$d_batch}"
-ranks=$(( gpus > 0 ? gpus : 1 ))
-(( batch % (ranks * update_freq) == 0 )) \
-  || die "BATCH ($batch) must be divisible by GPUS x UPDATE_FREQ ($ranks x $update_freq)"
-per_rank=$(( batch / (ranks * update_freq) ))
-
-suffix=""
-[ "$small" = 0 ] || suffix="-small"
-save_dir="${SAVE_DIR:-checkpoints/enwik8-$long_range-${clusters}c-$causality$suffix}"
-args=("$data" --user-dir "$user_dir" --task clusterformer_lm --arch "${ARCH:-$d_arch}"
-  --decoder-layers "${LAYERS:-$d_layers}" --decoder-attention-heads "${HEADS:-$d_heads}"
-  --long-range-layers "${LONG_RANGE_LAYERS:-$d_lrl}" --long-range-layer "$long_range" --num-clusters "$clusters"
-  --cluster-causality "$causality" --window-size "${WINDOW:-$d_window}" --window-stride "${STRIDE:-$d_stride}"
-  --tokens-per-sample "${TOKENS:-$d_tokens}" --sample-break-mode none
-  --batch-size "$per_rank" --update-freq "$update_freq" --max-update "${UPDATES:-$d_updates}"
-  --optimizer "${OPTIMIZER:-$d_opt}" --lr "${LR:-$d_lr}" --clip-norm "${CLIP:-$d_clip}"
-  --lr-scheduler inverse_sqrt --warmup-updates "${WARMUP:-$d_warmup}" --warmup-init-lr 1e-07
-  --dropout "${DROPOUT:-$d_dropout}" --criterion "${CRITERION:-$d_criterion}"
-  --memory-size "${MEMORY_SIZE:-$d_memory}" --cluster-update-interval "${CLUSTER_UPDATE_INTERVAL:-$d_interval}"
-  --kmeans-iters "${KMEANS_ITERS:-$d_iters}" --kmeans-backend "${KMEANS_BACKEND:-faiss}"
-  --save-dir "$save_dir" --seed "${SEED:-1}" --log-format simple --log-interval "${LOG_INTERVAL:-$d_log}"
-  --num-workers "${NUM_WORKERS:-2}")
-embed="${EMBED_DIM:-$d_embed}" ffn="${FFN_DIM:-$d_ffn}"
-[ -z "$embed" ] || args+=(--decoder-embed-dim "$embed")
-[ -z "$ffn" ] || args+=(--decoder-ffn-embed-dim "$ffn")
-[ "$small" = 0 ] || args+=(--decoder-normalize-before --share-decoder-input-output-embed)
-[ "${OPTIMIZER:-$d_opt}" != adam ] || args+=(--adam-betas "(0.9, 0.98)")
-[ "$gpus" -le 1 ] || args+=(--distributed-world-size "$gpus")
-[ "${FP16:-0}" = 0 ] || args+=(--fp16)
-[ "${BF16:-0}" = 0 ] || args+=(--bf16)
-# shellcheck disable=SC2206  # EXTRA_ARGS is meant to be word-split
-[ -z "${EXTRA_ARGS:-}" ] || args+=(${EXTRA_ARGS})
-
-# print the command as it can be pasted back into a shell
-quote() { case "$1" in ""|*[!A-Za-z0-9_./,:=+@-]*) printf " '%s'" "${1//\'/\'\\\'\'}" ;; *) printf ' %s' "$1" ;; esac; }
-printf 'fairseq-train'; for arg in "${args[@]}"; do quote "$arg"; done; printf '\n'
-[ "$dry" = 0 ] || exit 0
-[ -f "$data/dict.txt" ] || die "$data/dict.txt not found: run examples/enwik8/prepare.sh first (or pass DATA_BIN)"
-command -v fairseq-train >/dev/null || die "fairseq-train not found on PATH: activate the environment with fairseq"
-exec fairseq-train "${args[@]}"
+# the environment overrides and the command itself are shared with the other LM recipe
+recipe=enwik8
+# shellcheck source=../lm_train_common.sh
+source "$here/../lm_train_common.sh"

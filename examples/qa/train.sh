@@ -43,7 +43,7 @@ else
     DEVICE=()
 fi
 DROPOUT="${DROPOUT:-0.1}" LONG_RANGE="${LONG_RANGE:-cluster}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-10000}"
-CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-skip}" KMEANS_BACKEND="${KMEANS_BACKEND:-faiss}" SEED="${SEED:-1}"
+CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-skip}" KMEANS_BACKEND="${KMEANS_BACKEND:-auto}" SEED="${SEED:-1}"
 SAVE_DIR="${SAVE_DIR:-checkpoints/qa_${ARCH}_${LONG_RANGE}}"
 
 # 160 questions per update: as many forward passes per device as it takes (fairseq's --update-freq)
