@@ -114,6 +114,7 @@ def build(kind: str, args) -> torch.nn.Module:
         num_clusters=args.clusters,
         causality=causality or "strict",
         window_merge=merge,
+        band_groups=args.groups,
     )
     return build_layer(1, settings, plan)
 
@@ -207,7 +208,8 @@ def run_all(args) -> None:
     max_length = {k: int(v) for k, _, v in (item.partition("=") for item in args.max_length.split(",") if item)}
     # fixed mmap threshold: freed tensors go back to the OS at once, so the workers' resident set tracks live memory
     os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
-    names = ("dim", "heads", "ffn", "window", "stride", "clusters", "dropout", "attention_dropout", "seed", "warmup")
+    names = ("dim", "heads", "ffn", "window", "stride", "clusters", "groups", "dropout", "attention_dropout", "seed")
+    names += ("warmup",)
     common = [item for name in names for item in (f"--{name.replace('_', '-')}", str(getattr(args, name)))]
     common += ["--clock", args.clock]
     gate, lock = MemoryGate(args.budget_gib * GIB), threading.Lock()
@@ -261,6 +263,7 @@ def parse_args(argv=None):
     p.add_argument("--window", type=int, default=256, help="window size l")
     p.add_argument("--stride", type=int, default=128, help="window stride m")
     p.add_argument("--clusters", type=int, default=512, help="clusters (LSH: buckets) of the long-range layers")
+    p.add_argument("--groups", type=int, default=6, help="strict mode's groups of clusters (3,072 / (2 x 256) = 6)")
     p.add_argument("--dropout", type=float, default=0.1, help="dropout and activation dropout of every layer")
     p.add_argument("--attention-dropout", type=float, default=0.1)
     p.add_argument("--warmup", type=int, default=1)

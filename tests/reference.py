@@ -62,15 +62,60 @@ def sorted_paper_reference(layer, x, ids, causal=True):
     return windowed_reference(layer, x, sorted(range(x.size(0)), key=lambda t: (ids[t], t)), causal)
 
 
-def sorted_strict_reference(layer, x, ids):
-    """Strict mode: each token sees itself and its l - 1 most recent predecessors of its own group."""
+def band_keys(groups, i, reach):
+    """Token i and its ``reach - 1`` most recent predecessors with the same group id (groups: a list of ids)."""
+    same = [j for j in range(i) if groups[j] == groups[i]]
+    return same[max(0, len(same) - (reach - 1)) :] + [i]
+
+
+def token_output_per_head_set(layer, x, i, key_sets):
+    """Like ``token_output``, but the heads split into len(key_sets) equal sets, set j attending to key_sets[j]."""
     s = layer.settings
+    attn = layer.self_attn
+    h = layer.self_attn_layer_norm(x) if s.normalize_before else x
+    d = s.embed_dim // s.heads
+    per_set = s.heads // len(key_sets)
+    mixed = []
+    for j, keys in enumerate(key_sets):
+        heads = slice(j * per_set, (j + 1) * per_set)
+        q = attn.q_proj(h[i]).view(s.heads, d)[heads]  # h x d
+        k = attn.k_proj(h[keys]).view(len(keys), s.heads, d)[:, heads]  # n x h x d
+        v = attn.v_proj(h[keys]).view(len(keys), s.heads, d)[:, heads]
+        weights = torch.softmax(torch.einsum("hd,nhd->hn", q, k) / math.sqrt(d), dim=-1)  # h x n
+        mixed.append(torch.einsum("hn,nhd->hd", weights, v).reshape(-1))
+    y = x[i] + attn.out_proj(torch.cat(mixed))
+    if not s.normalize_before:
+        y = layer.self_attn_layer_norm(y)
+    return layer._feed_forward(y[None])[0]
+
+
+def sorted_strict_reference(layer, x, groupings):
+    """Strict mode: head set j lets each token see itself and its l - 1 most recent predecessors with its group
+    id in ``groupings[j]`` (a list of per-token ids; one grouping = every head)."""
     out = torch.zeros_like(x)
     for i in range(x.size(0)):
-        same = [j for j in range(i) if ids[j] == ids[i]]
-        keys = same[max(0, len(same) - (s.window_size - 1)) :] + [i]
-        out[i] = token_output(layer, x, i, keys)
+        key_sets = [band_keys(groups, i, layer.settings.window_size) for groups in groupings]
+        out[i] = token_output_per_head_set(layer, x, i, key_sets)
     return out
+
+
+def neighbour_groupings_reference(ids, shares, groups, groupings):
+    """Group of every token in every grouping, one cluster at a time: cluster c covers [start_c, start_c + share_c)
+    of [0, total); in grouping j it joins group floor((start_c + share_c / 2) / total * G + j / n)."""
+    centres, start = [], 0.0
+    for share in shares:
+        centres.append(start + float(share) / 2)
+        start += float(share)
+    return [
+        [min(groups, math.floor(centres[c] / start * groups + j / groupings)) for c in ids] for j in range(groupings)
+    ]
+
+
+def neighbour_strict_reference(layer, x, ids):
+    """Strict mode of a cluster or LSH layer, given its per-token cluster (bucket) ids."""
+    shares = layer.cluster_shares().tolist()
+    groupings = neighbour_groupings_reference(ids, shares, layer.num_band_groups, layer.groupings)
+    return sorted_strict_reference(layer, x, groupings)
 
 
 def cluster_paper_reference(layer, x, causal=True):
@@ -78,7 +123,7 @@ def cluster_paper_reference(layer, x, causal=True):
 
 
 def cluster_strict_reference(layer, x):
-    return sorted_strict_reference(layer, x, cluster_ids_reference(x, layer.centroids))
+    return neighbour_strict_reference(layer, x, cluster_ids_reference(x, layer.centroids))
 
 
 def lsh_ids_reference(x, rotations):

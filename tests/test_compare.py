@@ -106,7 +106,8 @@ def test_every_row_trains_and_evaluates_through_the_real_cli(compared):
     assert list(rows) == [row.label for row in ROWS], rows
     params = set()
     for row in ROWS:
-        ppl, valid_ppl, count, updates, train_s, eval_s = rows[row.label]
+        ppl, valid_ppl, count, updates, train_s, eval_s, seeds, spread = rows[row.label]
+        assert (seeds, spread) == ("1", "-")
         result = json.loads((work / "word" / row.key / "result.json").read_text())
         log = (work / "word" / row.key / "eval.log").read_text()
         loss = float(re.search(r"Loss \(base 2\): ([\d.]+)", log).group(1))
@@ -142,3 +143,25 @@ def test_a_second_run_skips_the_rows_already_done(compared):
     assert out.count("done before, skipped") == 4, out[-3000:]  # two rows at each of the two levels
     assert "training" not in out
     assert len(table_rows((work / "results.md").read_text(), "Word level")) == len(ROWS)  # earlier rows kept
+
+
+@pytest.mark.e2e
+def test_several_seeds_give_a_mean_and_a_spread(compared):
+    work, _, _, _ = compared
+    flags = ["--word-train", work / "input" / "train.txt", "--word-eval", SLICE / "valid.txt"]
+    code, out = run_compare(work, "--levels", "word", "--rows", "window", "--seeds", "1,2", *flags)
+    assert code == 0, out[-4000:]
+    assert out.count("done before, skipped") == 1 and "seed 2: training" in out  # seed 1 came from the fixture
+    runs = [json.loads((work / "word" / key / "result.json").read_text()) for key in ("window", "window-seed2")]
+    assert [r["seed"] for r in runs] == [1, 2]
+    assert (
+        runs[0]["train_command"].replace("--seed 1", "--seed 2").replace("/window/", "/window-seed2/")
+        == runs[1]["train_command"]
+    )
+    assert runs[0]["metric"] != runs[1]["metric"], "a second seed must train a different model"
+    ppl, *_, seeds, spread = table_rows((work / "results.md").read_text(), "Word level")["Sliding window"]
+    assert seeds == "1,2"
+    assert float(ppl) == pytest.approx((runs[0]["metric"] + runs[1]["metric"]) / 2, abs=1e-3)
+    assert float(spread) == pytest.approx(abs(runs[0]["metric"] - runs[1]["metric"]), abs=2e-3)
+    code, out = run_compare(work, "--levels", "word", "--rows", "window", "--seeds", "0")
+    assert code == 2 and "--seeds" in out

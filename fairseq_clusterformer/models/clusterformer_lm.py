@@ -1,6 +1,5 @@
 """The Cluster-Former language model: fairseq's transformer_lm with windowed and clustered layers."""
 
-
 from dataclasses import dataclass, field
 
 from fairseq import options
@@ -25,6 +24,7 @@ from fairseq_clusterformer.modules.decoder import (
     parse_layer_list,
 )
 from fairseq_clusterformer.modules.windowed_layer import WINDOW_MERGE_CHOICES, LayerSettings
+from fairseq_clusterformer.ops.cluster_groups import default_groups
 from fairseq_clusterformer.ops.windows import check_window
 
 
@@ -42,7 +42,7 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
         metadata={
             "help": "what the long-range layers run: 'cluster' = Cluster-Former, 'lsh' = Reformer-style LSH buckets, "
             "'sparse' = attention across windows at the same offset (Sparse Transformer's strided pattern), "
-            "'none' = sliding window everywhere (the paper's baselines, DESIGN section 5)"
+            "'none' = sliding window everywhere (the paper's baselines)"
         },
     )
     num_clusters: int = field(
@@ -59,8 +59,17 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
     cluster_causality: ChoiceEnum(CAUSALITY_CHOICES) = field(
         default="strict",
         metadata={
-            "help": "'strict': a token attends to its most recent predecessors in its own cluster (depends on the "
-            "past only); 'paper': windows of the sorted sequence as in the paper (leaks a little future)"
+            "help": "'strict': a token attends to the most recent earlier tokens of its group of neighbouring "
+            "clusters (depends on the past only); 'paper': windows of the sorted sequence as in the paper (leaks "
+            "future tokens)"
+        },
+    )
+    cluster_groups: int = field(
+        default=0,
+        metadata={
+            "help": "strict causality: groups of neighbouring clusters (balanced by the memory bank's cluster "
+            "populations) that a token draws its --window-size - 1 keys from; 0 = --tokens-per-sample / "
+            "(2 x --window-size)"
         },
     )
 
@@ -97,12 +106,24 @@ def layer_settings(args) -> LayerSettings:
     )
 
 
+def band_groups(args) -> int:
+    """--cluster-groups, or its default for the training segment length."""
+    groups = safe_getattr(args, "cluster_groups", 0) or 0
+    if groups < 0:
+        raise ValueError(f"--cluster-groups must be positive (or 0 for the default), got {groups}")
+    if groups == 0:
+        tokens = safe_getattr(args, "tokens_per_sample", None) or args.max_target_positions
+        groups = default_groups(int(tokens), args.window_size)
+    return groups
+
+
 def long_range_plan(args) -> LongRangePlan:
     return LongRangePlan(
         layers=parse_layer_list(args.long_range_layers, args.decoder_layers),
         kind=args.long_range_layer,
         num_clusters=args.num_clusters,
         causality=args.cluster_causality,
+        band_groups=band_groups(args),
     )
 
 
@@ -156,6 +177,7 @@ def _long_range_defaults(args, layers: str, num_clusters: int = 512, window: int
         long_range_layer="cluster",
         num_clusters=num_clusters,
         cluster_causality="strict",
+        cluster_groups=0,
         window_merge="layer",
     )
 

@@ -1,4 +1,4 @@
-"""The paper's long-range baselines on the shared sort / window / unsort path (DESIGN section 5).
+"""The paper's long-range baselines on the shared sort / window / unsort path.
 
 B = batch, T = tokens, C = channels, P = buckets.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fairseq_clusterformer.modules.sorted_window_layer import SortedWindowLayer
+from fairseq_clusterformer.modules.sorted_window_layer import NeighbourGroupLayer, SortedWindowLayer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings
 from fairseq_clusterformer.ops.lsh import check_num_buckets, lsh_buckets, offset_groups, random_rotations
 
@@ -16,16 +16,18 @@ from fairseq_clusterformer.ops.lsh import check_num_buckets, lsh_buckets, offset
 EVAL_ROTATION_SEED = 20200121
 
 
-class LSHLayer(SortedWindowLayer):
+class LSHLayer(NeighbourGroupLayer):
     """Reformer-style buckets from random rotations, as many as --num-clusters.
 
     Training draws new directions every forward pass from torch's RNG (which fairseq seeds, so runs repeat);
     evaluation uses directions drawn once from a fixed seed. They are a non-persistent buffer: not in checkpoints.
+    The strict mode groups consecutive bucket numbers with equal shares (random directions fill their buckets
+    evenly on average).
     """
 
-    def __init__(self, settings: LayerSettings, num_buckets: int, causality: str = "strict") -> None:
+    def __init__(self, settings: LayerSettings, num_buckets: int, causality: str = "strict", band_groups: int = 1):
         check_num_buckets(num_buckets)
-        super().__init__(settings, num_buckets, causality)
+        super().__init__(settings, num_buckets, causality, band_groups)
         generator = torch.Generator().manual_seed(EVAL_ROTATION_SEED)
         self.register_buffer(
             "eval_rotations", random_rotations(settings.embed_dim, num_buckets, generator), persistent=False

@@ -223,13 +223,17 @@ class CentroidRefresher:
                 [float(result is not None and result.centroids is not None)], device=layer.centroids.device
             )
             centroids = layer.centroids.detach().float().clone()
+            shares = layer.shares.detach().float().clone()
             if ok.item():
                 centroids = result.centroids.to(centroids.device)
+                if result.shares is not None:
+                    shares = result.shares.to(shares.device)
             if size > 1:
                 dist.broadcast(ok, src=0)
                 dist.broadcast(centroids, src=0)
+                dist.broadcast(shares, src=0)
             if ok.item():
-                layer.set_centroids(centroids)
+                layer.set_centroids(centroids, shares)
                 self.layer_refreshes[index] += 1
             self._log_install(index, layer, result, update_num)
         if size > 1:

@@ -11,8 +11,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from fairseq_clusterformer.modules.sorted_window_layer import CAUSALITY_CHOICES, SortedWindowLayer
+from fairseq_clusterformer.modules.sorted_window_layer import CAUSALITY_CHOICES, NeighbourGroupLayer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.ops.cluster_groups import uniform_shares
 from fairseq_clusterformer.ops.clustering import assign_clusters, cluster_size_entropy
 from fairseq_clusterformer.ops.kmeans import random_ordered_centroids
 
@@ -24,14 +25,18 @@ logger = logging.getLogger(__name__)
 StateSink = Callable[[Tensor, "Tensor | None"], None]
 
 
-class ClusterFormerLayer(SortedWindowLayer):
+class ClusterFormerLayer(NeighbourGroupLayer):
     """Sort the states by their nearest centroid, run the layer on windows of the sorted sequence, unsort."""
 
-    def __init__(self, settings: LayerSettings, num_clusters: int, causality: str = "strict") -> None:
-        super().__init__(settings, num_clusters, causality)
+    def __init__(
+        self, settings: LayerSettings, num_clusters: int, causality: str = "strict", band_groups: int = 1
+    ) -> None:
+        super().__init__(settings, num_clusters, causality, band_groups)
         self.num_clusters = num_clusters
         # a buffer, not a parameter: K-Means on the memory bank sets it, and checkpoints carry it
         self.register_buffer("centroids", random_ordered_centroids(num_clusters, settings.embed_dim))
+        # each cluster's share of the banked states at the last refresh: where the strict mode cuts its groups
+        self.register_buffer("shares", uniform_shares(num_clusters))
         # how many K-Means refreshes these centroids have seen: a checkpoint says whether they were ever fitted
         self.register_buffer("refreshes", torch.zeros((), dtype=torch.long))
         self.state_sink: StateSink | None = None
@@ -43,6 +48,9 @@ class ClusterFormerLayer(SortedWindowLayer):
 
     group_ids = cluster_ids
 
+    def cluster_shares(self) -> Tensor:
+        return self.shares
+
     def observe(self, x: Tensor, padding_mask: Tensor | None, ids: Tensor) -> None:
         if self.training and self.state_sink is not None:
             self.state_sink(x.detach(), padding_mask)
@@ -50,12 +58,18 @@ class ClusterFormerLayer(SortedWindowLayer):
             self.last_cluster_entropy = cluster_size_entropy(ids, self.num_clusters, padding_mask)
 
     @torch.no_grad()
-    def set_centroids(self, centroids: Tensor) -> None:
-        """Install new (already greedily ordered) centroids, P x C."""
+    def set_centroids(self, centroids: Tensor, shares: Tensor | None = None) -> None:
+        """Install new (already greedily ordered) centroids, P x C, with each one's share of the banked states
+        (P,; None = equal shares)."""
         if centroids.shape != self.centroids.shape:
             expected = tuple(self.centroids.shape)
             raise ValueError(f"new centroids have shape {tuple(centroids.shape)}, expected {expected}")
+        if shares is not None and shares.shape != self.shares.shape:
+            expected = tuple(self.shares.shape)
+            raise ValueError(f"new cluster shares have shape {tuple(shares.shape)}, expected {expected}")
         self.centroids.copy_(centroids.to(self.centroids))
+        self.shares.copy_(uniform_shares(self.num_clusters) if shares is None else shares.to(self.shares))
+        self.update_groups()
         self.refreshes += 1
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):
@@ -66,6 +80,9 @@ class ClusterFormerLayer(SortedWindowLayer):
                 f"{tuple(self.centroids.shape)}: --num-clusters ({self.num_clusters}) or the embedding dim "
                 "differs from the checkpoint's"
             )
+        if saved is not None and prefix + "shares" not in state_dict:
+            # checkpoints written before the strict mode cut groups by cluster shares: equal shares
+            state_dict[prefix + "shares"] = uniform_shares(self.num_clusters)
         refreshes = state_dict.get(prefix + "refreshes")
         if saved is not None and refreshes is None:
             # checkpoints written before the count existed: keep the model's own count, say nothing about it
@@ -76,3 +93,4 @@ class ClusterFormerLayer(SortedWindowLayer):
                 "refresh): this layer clusters with its random, greedily ordered initial centroids"
             )
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
+        self.update_groups()

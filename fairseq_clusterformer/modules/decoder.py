@@ -26,6 +26,8 @@ class LongRangePlan:
     kind: str = "cluster"
     num_clusters: int = 512
     causality: str = "strict"
+    # strict causality: groups of neighbouring clusters (or LSH buckets) a token's keys come from
+    band_groups: int = 1
 
 
 def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layers") -> frozenset[int]:
@@ -47,9 +49,9 @@ def build_layer(index: int, settings: LayerSettings, plan: LongRangePlan) -> nn.
     if index not in plan.layers or plan.kind == "none":
         return SlidingWindowLayer(settings)
     if plan.kind == "cluster":
-        return ClusterFormerLayer(settings, plan.num_clusters, plan.causality)
+        return ClusterFormerLayer(settings, plan.num_clusters, plan.causality, plan.band_groups)
     if plan.kind == "lsh":
-        return LSHLayer(settings, plan.num_clusters, plan.causality)
+        return LSHLayer(settings, plan.num_clusters, plan.causality, plan.band_groups)
     return StridedSparseLayer(settings, plan.causality)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.ops.cluster_groups import bank_shares
 from fairseq_clusterformer.ops.kmeans import is_degenerate, order_centroids, resolve_backend, spherical_kmeans
 
 
@@ -28,6 +29,7 @@ class LayerResult:
     seconds: float
     skipped_because: str = ""
     backend: str = ""
+    shares: Tensor | None = None  # P, each centroid's share of the banked states (the strict mode's group cuts)
 
     def state_dict(self) -> dict:
         centroids = None if self.centroids is None else self.centroids.cpu()
@@ -37,12 +39,18 @@ class LayerResult:
             "seconds": self.seconds,
             "skipped_because": self.skipped_because,
             "backend": self.backend,
+            "shares": None if self.shares is None else self.shares.cpu(),
         }
 
     @classmethod
     def from_state_dict(cls, state: dict) -> LayerResult:
         return cls(
-            state["centroids"], state["num_states"], state["seconds"], state["skipped_because"], state["backend"]
+            state["centroids"],
+            state["num_states"],
+            state["seconds"],
+            state["skipped_because"],
+            state["backend"],
+            state.get("shares"),  # absent from checkpoints written before the strict mode's groups
         )
 
 
@@ -57,8 +65,9 @@ def refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, back
         return LayerResult(None, states.size(0), time.perf_counter() - start, reason)
     backend = resolve_backend(backend, states.device)
     use_gpu = states.device.type == "cuda"
-    fresh = spherical_kmeans(states, num_clusters, iters, seed, backend, use_gpu=use_gpu)
-    return LayerResult(order_centroids(fresh), states.size(0), time.perf_counter() - start, backend=backend)
+    fresh = order_centroids(spherical_kmeans(states, num_clusters, iters, seed, backend, use_gpu=use_gpu))
+    shares = bank_shares(states, fresh)
+    return LayerResult(fresh, states.size(0), time.perf_counter() - start, backend=backend, shares=shares)
 
 
 class RefreshJob:

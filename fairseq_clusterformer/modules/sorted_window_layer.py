@@ -1,15 +1,17 @@
 """The path every long-range layer shares: group the tokens, stable-sort by group, run the layer on windows of the
 sorted sequence, unsort. The layer types differ only in how they assign groups (K-Means centroids, LSH, offsets).
 
-B = batch, T = tokens, C = channels, P = groups.
+B = batch, T = tokens, C = channels, P = groups, n = groupings (head sets) of the strict mode.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings, WindowedTransformerLayer
-from fairseq_clusterformer.ops.clustering import stable_sort
+from fairseq_clusterformer.ops.cluster_groups import band_group_ids, check_groups, cluster_to_group, uniform_shares
+from fairseq_clusterformer.ops.clustering import gather_tokens, stable_sort
 from fairseq_clusterformer.ops.window_scheme import WindowScheme
 
 CAUSALITY_CHOICES = ("strict", "paper")
@@ -20,8 +22,9 @@ class SortedWindowLayer(WindowedTransformerLayer):
 
     ``causality`` only matters for a causal (LM) layer: ``paper`` windows the sorted sequence as the paper does
     (a token's window depends on how many tokens of lower groups exist, later ones included); ``strict`` lets
-    every token see itself and its ``l - 1`` most recent predecessors in its own group, which depends on the
-    past alone (provided a token's group depends on that token alone, as it does for every subclass).
+    every token see itself and its ``l - 1`` most recent predecessors in its band group (``band_groups``), a set
+    that depends on the past alone (provided a token's group depends on that token alone, as it does for every
+    subclass).
     """
 
     def __init__(self, settings: LayerSettings, num_groups: int, causality: str = "strict") -> None:
@@ -41,12 +44,65 @@ class SortedWindowLayer(WindowedTransformerLayer):
         """B x T group ids in 0..P-1, pads at P."""
         raise NotImplementedError
 
+    def band_groups(self, ids: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """n x B x T: the groups whose recent past the strict mode attends to, one row per head set (pads last).
+        By default the groups themselves, for every head (the sparse baseline's exact strided pattern)."""
+        return ids[None]
+
+    def attention_layouts(self, ids: Tensor, padding_mask: Tensor | None) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Who attends to whom, for statistics (the inspector, the reach benchmark), one entry per head set:
+        (query positions B x K x Lq, key positions B x K x Lk, mask B x K x Lq x Lk), in original positions, with
+        padded slots outside [0, T). ids: B x T, the layer's ``group_ids``."""
+        s = self.settings
+        valid = torch.ones_like(ids, dtype=torch.bool) if padding_mask is None else ~padding_mask  # B x T
+        groups = self.band_groups(ids, padding_mask) if self.band else ids[None]  # n x B x T
+        layouts = []
+        for grouping in groups:  # statistics only, not the forward pass
+            sorted_ids, order = stable_sort(grouping)  # B x T each
+            scheme = WindowScheme(s.window_size, s.window_stride, ids.size(1), band=self.band)
+            allowed = scheme.mask(order, gather_tokens(valid, order), s.causal, sorted_ids)  # B x K x Lq x Lk
+            slots = scheme.slot_positions(order)  # B x Tp original positions of the sorted slots
+            layouts.append((scheme.queries(slots), scheme.keys(slots, -1), allowed))
+        return layouts
+
     def observe(self, x: Tensor, padding_mask: Tensor | None, ids: Tensor) -> None:
         """Called with every forward's input and ids before the sort (the cluster layer fills its bank here)."""
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         ids = self.group_ids(x, padding_mask)  # B x T
         self.observe(x, padding_mask, ids)
+        if self.band:
+            groups = self.band_groups(ids, padding_mask)  # n x B x T
+            sorted_groups, orders = stable_sort(groups.flatten(0, 1))  # (n*B) x T each: one sort for every set
+            return self.run_band(x, padding_mask, orders.view_as(groups), sorted_groups.view_as(groups))
         sorted_ids, order = stable_sort(ids)  # B x T each
-        scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1), band=self.band)
-        return self.run_windows(x, scheme, padding_mask, order=order, ids=sorted_ids)
+        scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1))
+        return self.run_windows(x, scheme, padding_mask, order=order)
+
+
+class NeighbourGroupLayer(SortedWindowLayer):
+    """A sorted-window layer whose strict mode attends within groups of neighbouring clusters (or buckets), cut
+    at fixed points of the cluster order (``ops.cluster_groups``). Two groupings, shifted by half a group, serve
+    the two halves of the heads, so that no cluster is at a group boundary for every head."""
+
+    def __init__(self, settings: LayerSettings, num_groups: int, causality: str, band_groups: int) -> None:
+        super().__init__(settings, num_groups, causality)
+        check_groups(band_groups)
+        self.num_band_groups = band_groups
+        self.groupings = 2 if settings.heads % 2 == 0 else 1
+        # cluster -> group per grouping (n x P); derived from the shares, so not saved: ``update_groups`` redoes it
+        # whenever the shares change, which keeps host work and syncs out of the forward pass
+        self.register_buffer("group_table", self._table(uniform_shares(num_groups)), persistent=False)
+
+    def cluster_shares(self) -> Tensor:
+        """Expected share of the tokens per cluster (P,), which sets the group cut points."""
+        return uniform_shares(self.num_groups)
+
+    def _table(self, shares: Tensor) -> Tensor:
+        return cluster_to_group(shares, self.num_band_groups, self.groupings)  # n x P
+
+    def update_groups(self) -> None:
+        self.group_table = self._table(self.cluster_shares()).to(self.group_table.device)
+
+    def band_groups(self, ids: Tensor, padding_mask: Tensor | None) -> Tensor:
+        return band_group_ids(ids, self.group_table, padding_mask)  # n x B x T

@@ -89,7 +89,7 @@ class WindowedTransformerLayer(nn.Module):
         """Run the layer on every window of ``x`` (B x T x C) and return B x T x C in the input's order.
 
         order: B x T permutation applied before windowing (a clustered layer's sort), or None;
-        ids: B x T cluster ids in sorted order, for the band scheme; padding_mask: B x T, True at pads.
+        ids: B x T group ids in sorted order, for the band scheme; padding_mask: B x T, True at pads.
         """
         bsz, length, channels = x.shape
         s = self.settings
@@ -119,6 +119,41 @@ class WindowedTransformerLayer(nn.Module):
         if order is not None:
             out = gather_tokens(out, inverse_permutation(order))
         return out
+
+    def run_band(self, x: Tensor, padding_mask: Tensor | None, orders: Tensor, sorted_groups: Tensor) -> Tensor:
+        """Strict causality: the heads split into n sets; set j attends on the sequence sorted by ``orders[j]``,
+        each token to itself and the ``l - 1`` most recent earlier tokens of its group (``sorted_groups[j]``).
+
+        x: B x T x C; orders, sorted_groups: n x B x T (group ids in sorted order, pads behind every real token).
+        Every token is a query exactly once per head set, so nothing is merged: the attention outputs of the sets
+        are unsorted, laid side by side as the heads they are, and the layer finishes once per token (both
+        ``--window-merge`` modes compute exactly this).
+        """
+        bsz, length, channels = x.shape
+        s = self.settings
+        sets = orders.size(0)
+        if s.heads % sets:
+            raise ValueError(f"{s.heads} attention heads cannot be split into {sets} equal head sets")
+        width = channels // sets
+        scheme = WindowScheme(s.window_size, s.window_stride, length, band=True)
+        valid = torch.ones_like(x[..., 0], dtype=torch.bool) if padding_mask is None else ~padding_mask  # B x T
+        h = self.self_attn_layer_norm(x) if s.normalize_before else x
+        proj = self.self_attn
+        qkv = torch.stack((proj.q_proj(h), proj.k_proj(h), proj.v_proj(h)), dim=2)  # B x T x 3 x C
+        attn_dropout = s.attention_dropout if self.training else 0.0
+        outs = []
+        # n is 1 or 2 (a constant of the layer), so this loop does not grow with T, B, P or the number of windows
+        for j in range(sets):
+            order = orders[j]  # B x T
+            part = gather_tokens(qkv[..., j * width : (j + 1) * width], order)  # B x T x 3 x C/n, sorted
+            allowed = scheme.mask(order, gather_tokens(valid, order), True, sorted_groups[j]).flatten(0, 1)
+            q = scheme.queries(part[:, :, 0]).flatten(0, 1)  # (B*K) x m x C/n
+            k = scheme.keys(part[:, :, 1]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
+            v = scheme.keys(part[:, :, 2]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
+            attn = masked_attention(q, k, v, allowed, s.heads // sets, attn_dropout)  # (B*K) x m x C/n
+            attn = scheme.merge(attn.view(bsz, scheme.count, -1, width))  # B x T x C/n, sorted
+            outs.append(gather_tokens(attn, inverse_permutation(order)))  # B x T x C/n, input order
+        return self._finish(x, proj.out_proj(torch.cat(outs, dim=-1)))  # B x T x C
 
     def _finish(self, x: Tensor, attn: Tensor) -> Tensor:
         """Residual, attention norm and FFN block on any ... x C layout."""

@@ -5,8 +5,11 @@ fairseq-eval-lm, with equal parameters and updates, into one markdown table.
 
 Rows: sliding window (``--long-range-layer none``), sparse attention, LSH (64 buckets, as the paper sets it) and
 Cluster-Former with 64 / 256 / 512 clusters, the long-range rows in strict and in paper causality. Levels: ``word``
-(perplexity) and ``char`` (bits per character, one token per byte). Each finished row leaves ``result.json`` in its
-folder, so a second run skips it: the driver is resumable, and an interrupted row restarts from scratch.
+(perplexity) and ``char`` (bits per character, one token per byte). ``--seeds 1,2`` trains every row once per seed
+(fairseq's ``--seed``: initialisation, data order, dropout, LSH draws, K-Means); the table shows the mean and the
+spread (max - min) over the seeds. Each finished run leaves ``result.json`` in its folder (``<level>/<row>`` for
+seed 1, ``<level>/<row>-seed<N>`` for the others), so a second run skips it: the driver is resumable, and an
+interrupted run restarts from scratch.
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ class Result:
     updates: int
     train_command: str
     eval_command: str
+    seed: int = 1
 
 
 def parse_train_log(log: str) -> dict[str, float]:
@@ -151,18 +155,22 @@ def run_logged(command: list[str], log: Path, threads: int) -> str:
     return text
 
 
-def row_commands(row: Row, scale: Scale, data_bin: Path, row_dir: Path) -> tuple[list[str], list[str]]:
+def run_dir(level_dir: Path, row: Row, seed: int) -> Path:
+    return level_dir / (row.key if seed == 1 else f"{row.key}-seed{seed}")
+
+
+def row_commands(row: Row, scale: Scale, data_bin: Path, row_dir: Path, seed: int = 1) -> tuple[list[str], list[str]]:
     save = row_dir / "checkpoints"
-    train = [tool("fairseq-train"), *presets.train_args(row, scale, data_bin, save, PACKAGE)]
+    train = [tool("fairseq-train"), *presets.train_args(row, scale, data_bin, save, PACKAGE, seed)]
     evaluate = [tool("fairseq-eval-lm"), *presets.eval_args(scale, data_bin, save / "checkpoint_last.pt", PACKAGE)]
     return train, evaluate
 
 
-def run_row(row: Row, level: str, scale: Scale, data_bin: Path, row_dir: Path, threads: int) -> Result:
+def run_row(row: Row, level: str, scale: Scale, data_bin: Path, row_dir: Path, threads: int, seed: int = 1) -> Result:
     """Train and evaluate one row from scratch; a half-finished row's checkpoints are discarded first."""
     shutil.rmtree(row_dir, ignore_errors=True)
     row_dir.mkdir(parents=True)
-    train, evaluate = row_commands(row, scale, data_bin, row_dir)
+    train, evaluate = row_commands(row, scale, data_bin, row_dir, seed)
     trained = parse_train_log(run_logged(train, row_dir / "train.log", threads))
     scored = parse_eval_log(run_logged(evaluate, row_dir / "eval.log", threads))
     result = Result(
@@ -176,6 +184,7 @@ def run_row(row: Row, level: str, scale: Scale, data_bin: Path, row_dir: Path, t
         updates=int(trained["updates"]),
         train_command=shlex.join(train),
         eval_command=shlex.join(evaluate),
+        seed=seed,
     )
     (row_dir / "result.json").write_text(json.dumps(asdict(result), indent=1))
     shutil.rmtree(row_dir / "checkpoints")  # not needed for the table; at paper scale they would fill the disk
@@ -187,37 +196,50 @@ def load_result(row_dir: Path) -> Result | None:
     return Result(**json.loads(done.read_text())) if done.exists() else None
 
 
-def markdown_table(preset: str, results: dict[tuple[str, str], Result], command: str) -> str:
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def markdown_table(preset: str, results: dict[tuple[str, str, int], Result], command: str) -> str:
     lines = [f"Preset `{preset}`; command: `{command}`", ""]
-    levels = [level for level in LEVELS if any(done == level for done, _ in results)]
+    levels = [level for level in LEVELS if any(done == level for done, _, _ in results)]
     for level in levels:
         name, unit = LEVELS[level]
         lines += [
             f"**{name}** (test {unit}: fairseq-eval-lm on the test split; valid {unit}: fairseq-train's last "
-            "validation; train / eval s: the tools' own timings)",
+            "validation; train / eval s: the tools' own timings; with several seeds the mean, and the spread "
+            "max - min of the test metric)",
             "",
-            f"| row | test {unit} | valid {unit} | params | updates | train s | eval s |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
+            f"| row | test {unit} | valid {unit} | params | updates | train s | eval s | seeds | test spread |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for row in ROWS:
-            found = results.get((level, row.key))
-            if found is None:
+            runs = sorted((r for (lv, key, _), r in results.items() if lv == level and key == row.key), key=seed_of)
+            if not runs:
                 continue
+            metrics = [r.metric for r in runs]
+            spread = f"{max(metrics) - min(metrics):.3f}" if len(runs) > 1 else "-"
             lines.append(
-                f"| {row.label} | {found.metric:.3f} | {found.valid_metric:.3f} | {found.params:,} | {found.updates} "
-                f"| {found.train_seconds:.0f} | {found.eval_seconds:.0f} |"
+                f"| {row.label} | {mean(metrics):.3f} | {mean([r.valid_metric for r in runs]):.3f} "
+                f"| {runs[0].params:,} | {runs[0].updates} | {mean([r.train_seconds for r in runs]):.0f} "
+                f"| {mean([r.eval_seconds for r in runs]):.0f} | {','.join(str(r.seed) for r in runs)} | {spread} |"
             )
-        counts = {r.params for (lv, _), r in results.items() if lv == level}
+        counts = {r.params for (lv, _, _), r in results.items() if lv == level}
         if len(counts) > 1:
             lines.append(f"\nWARNING: parameter counts differ between rows: {sorted(counts)}")
         lines.append("")
-    lines += ["Exact commands per row:", ""]
+    lines += ["Exact commands per row (seed 1; the other seeds differ only in `--seed` and `--save-dir`):", ""]
     for level in levels:
         for row in ROWS:
-            if (level, row.key) in results:
-                found = results[(level, row.key)]
+            first = [r for (lv, key, _), r in results.items() if lv == level and key == row.key]
+            if first:
+                found = min(first, key=seed_of)
                 lines += [f"- {level} / {row.key}:", f"  - `{found.train_command}`", f"  - `{found.eval_command}`"]
     return "\n".join(lines) + "\n"
+
+
+def seed_of(result: Result) -> int:
+    return result.seed
 
 
 def select_rows(spec: str) -> list[Row]:
@@ -239,6 +261,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", default="all", help="comma-separated row keys (see --list-rows) or 'all'")
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for every fairseq process")
     parser.add_argument("--updates", type=int, default=0, help="override the preset's updates (every row alike)")
+    parser.add_argument("--seeds", default="1", help="comma-separated fairseq seeds; every row runs once per seed")
     parser.add_argument("--word-train", type=Path, default=SHARED_DATA / "wikitext-2" / "valid.txt")
     parser.add_argument("--word-eval", type=Path, default=SHARED_DATA / "wikitext-2" / "test.txt")
     parser.add_argument("--char-text", type=Path, default=SHARED_DATA / "tinyshakespeare" / "input.txt")
@@ -262,15 +285,22 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--levels: unknown level(s) {bad}; choose from {sorted(LEVELS)}")
         if args.threads < 1 or args.updates < 0:
             raise ValueError("--threads must be positive and --updates non-negative")
+        try:
+            seeds = sorted({int(seed) for seed in args.seeds.split(",") if seed})
+        except ValueError:
+            raise ValueError(f"--seeds must be comma-separated integers like 1,2, got {args.seeds!r}") from None
+        if not seeds or min(seeds) < 1:
+            raise ValueError(f"--seeds must list positive integers, got {args.seeds!r}")
     except ValueError as error:
         print(f"compare_lm: {error}", file=sys.stderr)
         return 2
-    results: dict[tuple[str, str], Result] = {}
-    for level in LEVELS:  # rows finished by earlier runs, also of levels and rows not selected now, stay in the table
+    results: dict[tuple[str, str, int], Result] = {}
+    for level in LEVELS:  # runs finished earlier, also of levels, rows and seeds not selected now, stay in the table
         for row in ROWS:
-            found = load_result(args.work / level / row.key)
-            if found is not None:
-                results[(level, row.key)] = found
+            for row_dir in [args.work / level / row.key, *(args.work / level).glob(f"{row.key}-seed*")]:
+                found = load_result(row_dir)
+                if found is not None:
+                    results[(level, row.key, found.seed)] = found
     failures = []
     for level in levels:
         scale = PRESETS[args.preset][level]
@@ -288,23 +318,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compare_lm: {error}", file=sys.stderr)
             return 2
         for row in rows:
-            done = results.get((level, row.key))
-            train, _ = row_commands(row, scale, data_bin, level_dir / row.key)
-            if done is not None and done.train_command == shlex.join(train):
-                print(f"[{level}] {row.label}: done before, skipped")
-                continue
-            start = time.time()
-            print(f"[{level}] {row.label}: training {scale.updates} updates ...", flush=True)
-            try:
-                found = run_row(row, level, scale, data_bin, level_dir / row.key, args.threads)
-            except (RuntimeError, ValueError) as error:
-                failures.append(f"[{level}] {row.label}: {error}")
-                print(failures[-1], file=sys.stderr)
-                continue
-            results[(level, row.key)] = found
-            unit = LEVELS[level][1]
-            print(f"[{level}] {row.label}: test {unit} {found.metric:.3f} ({time.time() - start:.0f}s)", flush=True)
-            (args.work / "results.md").write_text(markdown_table(args.preset, results, command))
+            for seed in seeds:
+                row_dir = run_dir(level_dir, row, seed)
+                done = results.get((level, row.key, seed))
+                train, _ = row_commands(row, scale, data_bin, row_dir, seed)
+                if done is not None and done.train_command == shlex.join(train):
+                    print(f"[{level}] {row.label}, seed {seed}: done before, skipped")
+                    continue
+                start = time.time()
+                print(f"[{level}] {row.label}, seed {seed}: training {scale.updates} updates ...", flush=True)
+                try:
+                    found = run_row(row, level, scale, data_bin, row_dir, args.threads, seed)
+                except (RuntimeError, ValueError) as error:
+                    failures.append(f"[{level}] {row.label}, seed {seed}: {error}")
+                    print(failures[-1], file=sys.stderr)
+                    continue
+                results[(level, row.key, seed)] = found
+                unit = LEVELS[level][1]
+                took = time.time() - start
+                print(f"[{level}] {row.label}, seed {seed}: test {unit} {found.metric:.3f} ({took:.0f}s)", flush=True)
+                (args.work / "results.md").write_text(markdown_table(args.preset, results, command))
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "results.md").write_text(markdown_table(args.preset, results, command))
     print(f"table: {args.work / 'results.md'}")

@@ -161,7 +161,7 @@ def flags(**values: object) -> list[str]:
     return args
 
 
-def train_args(row: Row, scale: Scale, data_bin: Path, save_dir: Path, user_dir: Path) -> list[str]:
+def train_args(row: Row, scale: Scale, data_bin: Path, save_dir: Path, user_dir: Path, seed: int = 1) -> list[str]:
     """fairseq-train's arguments for one row (after the program name)."""
     args = [str(data_bin), *flags(user_dir=user_dir, task="clusterformer_lm", arch=scale.arch)]
     if scale.model_dims:
@@ -202,7 +202,7 @@ def train_args(row: Row, scale: Scale, data_bin: Path, save_dir: Path, user_dir:
         num_workers=0,
         log_format="simple",
         log_interval=50,
-        seed=1,
+        seed=seed,
     )
     if row.clusters:
         args += flags(num_clusters=row.clusters)

@@ -24,8 +24,6 @@ from torch import Tensor
 
 from fairseq_clusterformer.modules.sorted_window_layer import SortedWindowLayer
 from fairseq_clusterformer.ops import cluster_stats as stats
-from fairseq_clusterformer.ops.clustering import gather_tokens, stable_sort
-from fairseq_clusterformer.ops.window_scheme import WindowScheme
 
 # how the byte-level (enwik8-style) dictionaries' invisible characters are shown
 VISIBLE = {" ": "\u2423", "\t": "\u21e5"}
@@ -77,11 +75,9 @@ def run_layers(decoder, tokens: Tensor) -> list[LayerReport]:
         if isinstance(layer, SortedWindowLayer):
             s = layer.settings
             ids = layer.group_ids(x, padding_mask)  # 1 x T, the layer's own assignment
-            sorted_ids, order = stable_sort(ids)  # 1 x T each
-            scheme = WindowScheme(s.window_size, s.window_stride, tokens.size(1), band=layer.band)
-            allowed = scheme.mask(order, gather_tokens(valid, order), s.causal, sorted_ids)  # 1 x K x Lq x Lk
-            slots = scheme.slot_positions(order)  # 1 x Tp original positions of the sorted slots
-            pairs = stats.attended_pairs(scheme.queries(slots), scheme.keys(slots, -1), allowed, tokens.size(1), valid)
+            pairs = torch.zeros(1, tokens.size(1), tokens.size(1), dtype=torch.bool)  # 1 x T x T
+            for q_pos, k_pos, allowed in layer.attention_layouts(ids, padding_mask):  # one per head set
+                pairs |= stats.attended_pairs(q_pos, k_pos, allowed, tokens.size(1), valid)
             reports.append(
                 LayerReport(
                     number=index + 1,

@@ -1,0 +1,86 @@
+"""Groups of neighbouring clusters for the strictly causal long-range layer.
+
+B = batch, T = tokens, P = clusters, G = groups per grouping, n = groupings (head sets).
+
+Why groups: a strictly causal layer may only let token t see keys chosen by tokens <= t. Paper mode cuts the
+cluster-sorted sequence into windows, whose boundaries move with the number of *later* tokens in lower clusters
+(the leak). Cutting instead at fixed points of the cluster order - consecutive clusters of the greedy order form a
+group - gives boundaries that no token can move: a token's group is a function of its cluster alone. Inside its
+group a token attends to itself and the ``l - 1`` most recent earlier tokens of the group (the band), so every key
+set depends on the past only.
+
+The cut points balance the groups by token count, using each cluster's share of the memory bank (measured when
+K-Means fits the centroids, so it is a fixed buffer, not a statistic of the current input): a group then holds
+about ``T / G`` tokens of a T-token segment whatever the cluster sizes. Groupings ``j = 0..n-1`` are shifted by
+``j / n`` of a group, so a cluster that sits at a boundary of one grouping sits inside a group of another; each
+grouping serves its own set of heads (paper mode gets the same effect from windows that overlap by half).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_groups(groups: int) -> None:
+    if groups < 1:
+        raise ValueError(f"--cluster-groups must be positive (or 0 for the default), got {groups}")
+
+
+def default_groups(tokens_per_sample: int, window_size: int) -> int:
+    """Groups of about two windows' worth of tokens at the training segment length: with the band's reach of one
+    window, a token then sees about as many keys as paper mode's two overlapping windows let it see."""
+    return max(1, round(tokens_per_sample / (2 * window_size)))
+
+
+def uniform_shares(num_clusters: int, device: torch.device | None = None) -> Tensor:
+    """Equal shares (P,), float32: the shares before the first K-Means refresh, and LSH's (balanced by design)."""
+    return torch.full((num_clusters,), 1.0 / num_clusters, device=device)
+
+
+def bank_shares(states: Tensor, centroids: Tensor, rows: int = 16384) -> Tensor:
+    """Share of the banked states (N x C) nearest (by cosine) each centroid (P x C): P floats summing to 1.
+
+    Assigned in chunks of ``rows`` states, so a bank of 100k states never builds an N x P matrix at once.
+    """
+    unit_centroids = torch.nn.functional.normalize(centroids.detach().float(), dim=-1)  # P x C
+    counts = torch.zeros(centroids.size(0), dtype=torch.float64, device=centroids.device)
+    for chunk in states.detach().split(rows):  # chunks of the bank, not of a sequence
+        unit = torch.nn.functional.normalize(chunk.to(unit_centroids).float(), dim=-1)  # rows x C
+        ids = (unit @ unit_centroids.t()).argmax(dim=-1)  # rows
+        counts += torch.bincount(ids, minlength=centroids.size(0)).double()
+    return (counts / counts.sum().clamp(min=1)).float()
+
+
+def cluster_to_group(shares: Tensor, groups: int, groupings: int) -> Tensor:
+    """Group of every cluster in every grouping: n x P LongTensor, values in 0..G.
+
+    Cluster c covers [start_c, start_c + share_c) of [0, total) (clusters in greedy order); it joins the group its
+    centre falls in, in grouping j shifted by j/n of a group. Groups are runs of consecutive clusters.
+    Computed on the CPU in float64 with a sequential running sum, so that equal shares, whose centres can land
+    exactly on a cut, are cut the same way on every device (callers cache the table: it changes only with shares).
+    """
+    check_groups(groups)
+    shares = shares.detach().to("cpu", torch.float64).clamp(min=0)  # P
+    ends = torch.cumsum(shares, 0)  # P, sequential on the CPU
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])  # P
+    total = ends[-1].clamp(min=1e-12)
+    centres = (starts + shares / 2) / total  # P, in (0, 1)
+    shifts = torch.arange(groupings, dtype=torch.float64) / groupings  # n
+    scaled = centres[None, :] * groups + shifts[:, None]  # n x P
+    return scaled.floor().long().clamp(max=groups)  # n x P
+
+
+def band_group_ids(ids: Tensor, table: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+    """Map cluster ids (B x T, pads at P) to group ids per grouping: n x B x T, pads one past the last group.
+
+    table: n x P from ``cluster_to_group``; its values stay <= G, so G + 1 is free for the pads, which a stable
+    sort then moves behind every real token (they must never take a slot inside a real group's band).
+    """
+    pad_group = int(table.max()) + 1 if table.numel() else 0
+    padded_table = torch.cat([table, table.new_full((table.size(0), 1), pad_group)], dim=1)  # n x (P+1)
+    flat = padded_table[:, ids.clamp(max=table.size(1)).reshape(-1)]  # n x (B*T)
+    out = flat.view(table.size(0), *ids.shape)  # n x B x T
+    if padding_mask is not None:
+        out = out.masked_fill(padding_mask[None], pad_group)
+    return out
