@@ -21,6 +21,7 @@ setup(
     entry_points={
         "console_scripts": [
             "fairseq-clusterformer-inspect = fairseq_clusterformer.scripts.inspect_clusters:cli_main",
+            "fairseq-clusterformer-causal-eval = fairseq_clusterformer.scripts.causal_eval:cli_main",
             "fairseq-clusterformer-qa-convert = fairseq_clusterformer.scripts.qa_convert:cli_main",
             "fairseq-clusterformer-qa-binarize = fairseq_clusterformer.scripts.qa_binarize:cli_main",
             "fairseq-clusterformer-qa-predict = fairseq_clusterformer.scripts.qa_predict:cli_main",

@@ -1,4 +1,4 @@
-"""No layer loops in Python over windows, clusters or batch rows (issue 5).
+"""No layer loops in Python over windows, clusters, groups, tokens or batch rows.
 
 B = batch, T = tokens, C = channels, P = clusters.
 
@@ -24,6 +24,8 @@ DIM, HEADS, WINDOW, STRIDE = 16, 2, 8, 4
 LENGTHS = (3, 19, 67, 131)
 BATCHES = (1, 3)
 CLUSTERS = (4, 16)
+# the strict mode's groups of neighbouring clusters: one group, and as many groups as the smaller cluster count
+GROUPS = (1, 4)
 
 
 # Whether ``reshape`` returns a view or copies (clone + _unsafe_view) depends on the strides, which change with B
@@ -56,7 +58,7 @@ def layer_kinds() -> list[tuple[str, str, str]]:
     return kinds
 
 
-def build(choice: str, causality: str, merge: str, clusters: int) -> torch.nn.Module:
+def build(choice: str, causality: str, merge: str, clusters: int, groups: int = 1) -> torch.nn.Module:
     settings = LayerSettings(
         embed_dim=DIM,
         ffn_dim=2 * DIM,
@@ -69,7 +71,9 @@ def build(choice: str, causality: str, merge: str, clusters: int) -> torch.nn.Mo
         activation_dropout=0.1,
         window_merge=merge,
     )
-    plan = LongRangePlan(layers=frozenset({1}), kind=choice, num_clusters=clusters, causality=causality)
+    plan = LongRangePlan(
+        layers=frozenset({1}), kind=choice, num_clusters=clusters, causality=causality, band_groups=groups
+    )
     return build_layer(1, settings, plan)
 
 
@@ -92,15 +96,15 @@ def count_ops(layer: torch.nn.Module, batch: int, length: int, training: bool) -
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_operator_count_does_not_grow(choice, causality, merge, training):
     counts = {}
-    for clusters, batch, length in itertools.product(CLUSTERS, BATCHES, LENGTHS):
+    for clusters, groups, batch, length in itertools.product(CLUSTERS, GROUPS, BATCHES, LENGTHS):
         torch.manual_seed(0)
-        layer = build(choice, causality, merge, clusters)
-        counts[(clusters, batch, length)] = count_ops(layer, batch, length, training)
+        layer = build(choice, causality, merge, clusters, groups)
+        counts[(clusters, groups, batch, length)] = count_ops(layer, batch, length, training)
     forward_counts = {c[0] for c in counts.values()}
     backward_counts = {c[1] for c in counts.values()}
     assert min(forward_counts) > 10, f"the counter saw almost nothing: {counts}"
-    assert len(forward_counts) == 1, f"forward operator count varies with (P, B, T): {counts}"
-    assert len(backward_counts) == 1, f"backward operator count varies with (P, B, T): {counts}"
+    assert len(forward_counts) == 1, f"forward operator count varies with (P, G, B, T): {counts}"
+    assert len(backward_counts) == 1, f"backward operator count varies with (P, G, B, T): {counts}"
 
 
 def test_counter_sees_a_python_loop():
