@@ -126,10 +126,12 @@ HANDS_TASK_STATE_BACK = "set_checkpoint_dict" in inspect.getsource(checkpoint_ut
 @pytest.mark.skipif(not HANDS_TASK_STATE_BACK, reason="this fairseq does not restore task state on resume")
 def test_fairseq_train_resumed_halfway_matches_a_straight_run(lm_data, tmp_path):
     straight = run_ok("fairseq-train", lm_data, *TRAIN, "--save-dir", tmp_path / "straight")
-    # the checkpoint after update 4 holds a K-Means job started at update 3 that installs at update 5
     half = tmp_path / "straight" / "checkpoint_1_4.pt"
-    resumed = run_ok("fairseq-train", lm_data, *TRAIN, "--save-dir", tmp_path / "resumed", "--restore-file", half)
-    assert "not exact" not in resumed
+    # only checkpoint_last.pt carries the memory banks: stop a run after update 4 and resume from its last checkpoint,
+    # which holds a K-Means job started at update 3 that installs at update 5
+    run_ok("fairseq-train", lm_data, *TRAIN, "--max-update", "4", "--save-dir", tmp_path / "resumed")
+    resumed = run_ok("fairseq-train", lm_data, *TRAIN, "--save-dir", tmp_path / "resumed")
+    assert "not exact" not in resumed and "checkpoint_last.pt (epoch 1 @ 4 updates)" in resumed
 
     expected, got = losses(straight), losses(resumed)
     assert sorted(got) == [5, 6, 7, 8], resumed[-3000:]
@@ -138,8 +140,12 @@ def test_fairseq_train_resumed_halfway_matches_a_straight_run(lm_data, tmp_path)
     b = torch.load(tmp_path / "resumed" / "checkpoint_1_8.pt", map_location="cpu", weights_only=False)
     different = [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])]
     assert not different, f"weights or centroids differ after resuming: {different}"
-    banks_a = a["extra_state"]["ClusterFormerLMTask"]["centroid_refresh"]["banks"]
-    banks_b = b["extra_state"]["ClusterFormerLMTask"]["centroid_refresh"]["banks"]
+    last_a, last_b = (
+        torch.load(tmp_path / run / "checkpoint_last.pt", weights_only=False) for run in ["straight", "resumed"]
+    )
+    banks_a = last_a["extra_state"]["ClusterFormerLMTask"]["centroid_refresh"]["banks"]
+    banks_b = last_b["extra_state"]["ClusterFormerLMTask"]["centroid_refresh"]["banks"]
+    assert len(banks_a) == 2
     for bank_a, bank_b in zip(banks_a, banks_b):
         assert torch.equal(bank_a["buffer"], bank_b["buffer"]) and bank_a["pos"] == bank_b["pos"]
     # refreshes start at updates 3 and 6: the first installs at 5, the second is still in flight at the end

@@ -82,6 +82,13 @@ def _reject_unsupported(args) -> None:
         "checkpoint_activations": "--checkpoint-activations",
         "quant_noise_pq": "--quant-noise-pq",
         "base_layers": "--base-layers",
+        # NormFormer's extra scalings and xFormers attention live in fairseq's TransformerDecoderLayer, which the
+        # windowed layers replace
+        "scale_attn": "--scale-attn",
+        "scale_fc": "--scale-fc",
+        "scale_heads": "--scale-heads",
+        "scale_resids": "--scale-resids",
+        "decoder_xformers_att_config": "--decoder-xformers-att-config",
     }
     for name, flag in unsupported.items():
         if safe_getattr(args, name, None):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.modules.cluster_layer import Float32Buffers
 from fairseq_clusterformer.modules.sorted_window_layer import NeighbourGroupLayer, SortedWindowLayer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings
 from fairseq_clusterformer.ops.lsh import check_num_buckets, lsh_buckets, offset_groups, random_rotations
@@ -16,7 +17,7 @@ from fairseq_clusterformer.ops.lsh import check_num_buckets, lsh_buckets, offset
 EVAL_ROTATION_SEED = 20200121
 
 
-class LSHLayer(NeighbourGroupLayer):
+class LSHLayer(Float32Buffers, NeighbourGroupLayer):
     """Reformer-style buckets from random rotations, as many as --num-clusters.
 
     Training draws new directions every forward pass from torch's RNG (which fairseq seeds, so runs repeat);
@@ -24,6 +25,8 @@ class LSHLayer(NeighbourGroupLayer):
     The strict mode groups consecutive bucket numbers with equal shares (random directions fill their buckets
     evenly on average).
     """
+
+    float32_buffers = ("eval_rotations",)
 
     def __init__(self, settings: LayerSettings, num_buckets: int, causality: str = "strict", band_groups: int = 1):
         check_num_buckets(num_buckets)

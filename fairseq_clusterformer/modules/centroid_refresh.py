@@ -9,12 +9,16 @@ Shared by every task whose model has Cluster-Former layers. L = long-range layer
   the training thread (`swap_delay` 0) or on a background thread, and the new centroids are broadcast and installed
   `swap_delay` updates later (at the latest when the next refresh is due) on every rank at the same update. A job
   not finished by then is waited for, and the wait is logged: never a result that depends on timing.
+- Before the first update every rank takes rank 0's centroids (no reliance on equal seeds); a job still running
+  when the process exits (training over, --no-save included) is joined and its error logged.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -54,8 +58,22 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+# every refresher of this process, for the exit hook below
+_REFRESHERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_refreshers() -> None:
+    """fairseq has no end-of-training hook for tasks, and with --no-save nothing saves (which would wait for a job):
+    at interpreter exit, before logging shuts down, join every K-Means thread still running and report its error.
+    Without this the daemon thread would be killed mid-work and a failure never reported."""
+    for refresher in list(_REFRESHERS):
+        refresher.finish()
+
+
 class CentroidRefresher:
     def __init__(self, settings: RefreshSettings) -> None:
+        _REFRESHERS.add(self)
         self.settings = settings
         self.layers: list[ClusterFormerLayer] = []
         self.banks: list[MemoryBank] = []
@@ -180,12 +198,29 @@ class CentroidRefresher:
         if self._checked_resume:
             return
         self._checked_resume = True
+        self._broadcast_initial_centroids()
         if update_num > 0 and not self.restored and self.layers:
             logger.warning(
                 f"training resumed at update {update_num} without the memory banks and the K-Means schedule: this "
                 "fairseq does not hand task state back on resume (fairseq 0.12.2 has no Task.set_checkpoint_dict) or "
                 "the checkpoint has none; the banks refill from now, and the resumed run is not exact"
             )
+
+    @torch.no_grad()
+    def _broadcast_initial_centroids(self) -> None:
+        """Before the first update, on every rank: take rank 0's centroids (random ones, or a checkpoint's).
+
+        Equal seeds would give every rank the same random centroids only as long as every rank draws the same random
+        numbers before the model is built; this does not depend on that. Until the first refresh, ranks that
+        clustered differently would train one model on different attention patterns."""
+        _, size = world()
+        if size == 1 or not self.layers:
+            return
+        for layer in self.layers:
+            for buffer in (layer.centroids, layer.shares):
+                dist.broadcast(buffer, src=0)
+            layer.update_groups()
+        logger.info(f"initial centroids of {len(self.layers)} long-range layers broadcast from rank 0 to {size} ranks")
 
     def _start(self, update_num: int, start: float) -> None:
         self.last_refresh_update = update_num
@@ -248,6 +283,20 @@ class CentroidRefresher:
                 f"{update_num}: training waited {waited:.3f}s for it"
             )
 
+    def finish(self) -> None:
+        """When training has ended: join a background K-Means job that was never installed and report how it ended
+        (its centroids are not installed: no update is left to install them at)."""
+        pending, self.pending = self.pending, None
+        if pending is None or pending.job is None or not pending.job.in_background:
+            return
+        name = f"K-Means job {self.refreshes_started} (snapshot of update {pending.started_at})"
+        try:
+            pending.job.wait()
+        except RuntimeError as error:
+            logger.error(f"{name} failed on its background thread: {error.__cause__!r}", exc_info=error)
+            return
+        logger.info(f"training ended before {name} was due for install at update {pending.install_at}: joined it")
+
     def _check_ranks_agree(self, size: int) -> None:
         """Guard against ranks drifting apart: compare a position-weighted checksum of every layer's centroids."""
         for index, layer in enumerate(self.layers):
@@ -306,12 +355,18 @@ class CentroidRefresher:
             self._saved = state
             return
         self._saved = None
-        if len(state["banks"]) != len(self.banks):
+        if state["banks"] is None:
+            # a best, epoch or update checkpoint: the banks travel in checkpoint_last.pt only
+            logger.warning(
+                "this checkpoint carries the K-Means schedule but no memory banks (only checkpoint_last.pt keeps "
+                "them): the banks refill from now, and the resumed run is not exact"
+            )
+        elif len(state["banks"]) != len(self.banks):
             raise ValueError(
                 f"the checkpoint has memory banks for {len(state['banks'])} long-range layers, the model has "
                 f"{len(self.banks)}: resume with the same --long-range-layers"
             )
-        for bank, bank_state in zip(self.banks, state["banks"]):
+        for bank, bank_state in zip(self.banks, state["banks"] or []):
             bank.load_state_dict(bank_state)
         for name in (
             "refreshes_started",

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from fairseq_clusterformer.modules.sorted_window_layer import CAUSALITY_CHOICES, NeighbourGroupLayer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings
@@ -17,7 +17,7 @@ from fairseq_clusterformer.ops.cluster_groups import uniform_shares
 from fairseq_clusterformer.ops.clustering import assign_clusters, cluster_size_entropy
 from fairseq_clusterformer.ops.kmeans import random_ordered_centroids
 
-__all__ = ["CAUSALITY_CHOICES", "ClusterFormerLayer", "StateSink"]
+__all__ = ["CAUSALITY_CHOICES", "ClusterFormerLayer", "Float32Buffers", "StateSink"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +25,31 @@ logger = logging.getLogger(__name__)
 StateSink = Callable[[Tensor, "Tensor | None"], None]
 
 
-class ClusterFormerLayer(NeighbourGroupLayer):
+class Float32Buffers(nn.Module):
+    """Keeps the buffers named in ``float32_buffers`` float32 through ``.half()``, ``.bfloat16()`` and ``.to(dtype)``
+    (they still follow the module to its device).
+
+    The group assignment computes in float32; a centroid or a hash direction rounded to half precision once would
+    put tokens into other clusters than the float32 model does, and fairseq's ``--fp16`` calls ``model.half()``.
+    """
+
+    float32_buffers: tuple[str, ...] = ()
+
+    def _apply(self, fn, recurse=True):
+        before = {name: self._buffers[name] for name in self.float32_buffers if self._buffers.get(name) is not None}
+        result = super()._apply(fn, recurse)
+        for name, original in before.items():
+            converted = self._buffers[name]
+            if converted.dtype != original.dtype:
+                # the untouched original, not the rounded copy cast back: bit for bit the float32 values
+                self._buffers[name] = original.to(converted.device)
+        return result
+
+
+class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
     """Sort the states by their nearest centroid, run the layer on windows of the sorted sequence, unsort."""
+
+    float32_buffers = ("centroids", "shares")
 
     def __init__(
         self, settings: LayerSettings, num_clusters: int, causality: str = "strict", band_groups: int = 1

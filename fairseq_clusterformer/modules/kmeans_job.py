@@ -120,6 +120,11 @@ class RefreshJob:
         with torch.cuda.stream(self._stream):
             self.run()
 
+    @property
+    def in_background(self) -> bool:
+        """Whether ``start()`` put the job on a thread (which someone must join)."""
+        return self._thread is not None
+
     def done(self) -> bool:
         return self._results is not None or self._error is not None
 

@@ -16,11 +16,13 @@ def assign_clusters(states: Tensor, centroids: Tensor, padding_mask: Tensor | No
     Returns a LongTensor B x T. Pad positions get id P, one past the last cluster, so that a
     stable sort moves them behind every real token and they never push a real token into
     another window. The cosine is computed in float32: in fp16/bf16, near-ties between
-    neighbouring centroids would otherwise flip with rounding noise.
+    neighbouring centroids would otherwise flip with rounding noise. Casting the inputs is not enough under
+    ``torch.autocast``, which runs the matmul in half precision whatever its inputs are, so autocast is off here.
     """
-    unit_states = torch.nn.functional.normalize(states.detach().float(), dim=-1)  # B x T x C
-    unit_centroids = torch.nn.functional.normalize(centroids.detach().float(), dim=-1)  # P x C
-    ids = torch.matmul(unit_states, unit_centroids.t()).argmax(dim=-1)  # B x T
+    with torch.autocast(device_type=states.device.type, enabled=False):
+        unit_states = torch.nn.functional.normalize(states.detach().float(), dim=-1)  # B x T x C
+        unit_centroids = torch.nn.functional.normalize(centroids.detach().float(), dim=-1)  # P x C
+        ids = torch.matmul(unit_states, unit_centroids.t()).argmax(dim=-1)  # B x T
     if padding_mask is not None:
         ids = ids.masked_fill(padding_mask, centroids.size(0))
     return ids

@@ -35,9 +35,11 @@ def lsh_buckets(states: Tensor, rotations: Tensor, padding_mask: Tensor | None =
     """Bucket of every state: argmax over [xR, -xR] (Reformer's angular hash); pads get P.
 
     states: B x T x C, rotations: C x P/2, padding_mask: B x T (True = pad). Computed in float32 for the same
-    reason as the cosine of the cluster assignment: in half precision near-ties flip with rounding.
+    reason as the cosine of the cluster assignment: in half precision near-ties flip with rounding (and with
+    autocast off, since ``torch.autocast`` would run the matmul in half precision whatever its inputs are).
     """
-    projected = torch.matmul(states.detach().float(), rotations.to(states.device, torch.float32))  # B x T x P/2
+    with torch.autocast(device_type=states.device.type, enabled=False):
+        projected = torch.matmul(states.detach().float(), rotations.to(states.device, torch.float32))  # B x T x P/2
     ids = torch.cat([projected, -projected], dim=-1).argmax(dim=-1)  # B x T
     if padding_mask is not None:
         ids = ids.masked_fill(padding_mask, 2 * rotations.size(1))

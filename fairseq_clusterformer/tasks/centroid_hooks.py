@@ -6,11 +6,13 @@ LanguageModelingTask)``) and adds ``MemoryBankConfig`` to its config dataclass. 
 """
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 
 from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
+from fairseq_clusterformer.tasks.checkpoint_files import keep_banks_in_last_only
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +123,20 @@ class CentroidRefreshHooks:
 
     def get_checkpoint_dict(self):
         base = getattr(super(), "get_checkpoint_dict", dict)()
+        self._save_started = time.time()
         return {**base, type(self).__name__: {CHECKPOINT_KEY: self.refresher.state_dict()}}
+
+    def post_save(self, cp_path, num_updates):
+        """Only an exact resume needs the memory banks, and it resumes from checkpoint_last.pt: the best, epoch and
+        update checkpoints of this save lose them (fine-tuning or resuming from one refills the banks)."""
+        base = getattr(super(), "post_save", None)
+        if base is not None:
+            base(cp_path, num_updates)
+        since = getattr(self, "_save_started", None)
+        if since is not None:
+            rewritten = keep_banks_in_last_only(cp_path, since, type(self).__name__, CHECKPOINT_KEY)
+            if rewritten:
+                logger.info(f"memory banks kept in checkpoint_last only, dropped from {', '.join(rewritten)}")
 
     def set_checkpoint_dict(self, state):
         base = getattr(super(), "set_checkpoint_dict", None)

@@ -1,4 +1,5 @@
-"""Early, clear errors for checkpoint files and dictionaries that cannot belong to the run.
+"""Early, clear errors for checkpoint files and dictionaries that cannot belong to the run; the memory banks kept in
+checkpoint_last.pt only.
 
 torch's own error for a truncated checkpoint does not say which file it was reading, and a checkpoint trained with
 another dictionary fails with a size mismatch of embedding matrices; these checks name the file and the cause.
@@ -6,7 +7,12 @@ another dictionary fails with a size mismatch of embedding matrices; these check
 
 import hashlib
 import os
+import shutil
+import time
 import zipfile
+
+import torch
+from fairseq.checkpoint_utils import torch_persistent_save
 
 # torch.save's legacy (pre-1.6, non-zip) format starts with a pickle protocol byte, as fairseq's older published
 # checkpoints do; anything else that is not a zip archive is not a checkpoint
@@ -79,3 +85,56 @@ def check_dictionary(saved: dict, dictionary, dict_file: str) -> None:
         f"the checkpoint was trained with another dictionary: {detail}. Evaluate on data binarised with the "
         "training run's dict.txt (fairseq-preprocess --srcdict <training data-bin>/dict.txt)"
     )
+
+
+# a file's mtime comes from the kernel's coarse clock, which may lag time.time() a little
+_MTIME_SLACK_S = 1.0
+
+
+def is_last_checkpoint(path: str) -> bool:
+    """checkpoint_last.pt, or a shard of it (checkpoint_last-shard0.pt): the file an automatic resume reads."""
+    return os.path.basename(path).startswith("checkpoint_last")
+
+
+def copies_of(first: str, since: float) -> list[str]:
+    """The checkpoints fairseq copied from ``first`` (the one file it wrote) in the save that began at ``since``:
+    the same size, written since then; ``first`` included."""
+    folder, size = os.path.dirname(first) or ".", os.path.getsize(first)
+    copies = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if not (name.startswith("checkpoint") and name.endswith(".pt") and os.path.isfile(path)):
+            continue
+        if os.path.getsize(path) == size and os.path.getmtime(path) >= since - _MTIME_SLACK_S:
+            copies.append(path)
+    return copies
+
+
+def drop_memory_banks(path: str, task_key: str, state_key: str) -> bool:
+    """Rewrite a checkpoint without the memory banks in ``extra_state[task_key][state_key]`` (atomically); False
+    when it has none. mmap: only the kept tensors are read, and not all at once."""
+    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    refresh = state.get("extra_state", {}).get(task_key, {}).get(state_key)
+    if refresh is None or refresh.get("banks") is None:
+        return False
+    refresh["banks"] = None
+    torch_persistent_save(state, path)
+    return True
+
+
+def keep_banks_in_last_only(first: str, since: float, task_key: str, state_key: str) -> list[str]:
+    """After a save: the memory banks stay in checkpoint_last.pt only, every other file just written loses them.
+
+    fairseq writes one file (``first``, the epoch, update or best checkpoint when any is due) and copies it to the
+    others, so all of them carry the banks (0.8 GB at WikiText-103 size), which only resuming from checkpoint_last.pt
+    needs. Returns the files rewritten."""
+    if is_last_checkpoint(first) or not os.path.isfile(first):  # async writes: the file may not be there yet
+        return []
+    others = [path for path in copies_of(first, since) if path != first and not is_last_checkpoint(path)]
+    if not drop_memory_banks(first, task_key, state_key):
+        return []
+    for path in others:
+        tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+        shutil.copyfile(first, tmp)
+        os.replace(tmp, path)
+    return [first, *others]

@@ -1,0 +1,239 @@
+"""Small correctness fixes from review (issue 13, item 5): each with the test that shows it."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fairseq_clusterformer.modules.baseline_layers import LSHLayer
+from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
+from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
+from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.ops.clustering import assign_clusters
+from fairseq_clusterformer.ops.lsh import lsh_buckets, random_rotations
+from fairseq_clusterformer.tasks.checkpoint_files import keep_banks_in_last_only
+from tests.conftest import PACKAGE, REPO, TINY_LM_TRAIN, run_ok
+from tests.test_model import build
+
+# ---- a. group assignment stays float32 under autocast and model.half() -----------------------------------------------
+
+
+def near_tie_inputs():
+    gen = torch.Generator().manual_seed(0)
+    states = torch.randn(4, 1024, 64, generator=gen)  # B x T x C: 4,096 tokens
+    centroids = torch.randn(64, 64, generator=gen)  # P x C
+    return states, centroids, random_rotations(64, 64, gen)
+
+
+def test_cluster_and_lsh_ids_under_bf16_autocast_equal_the_float32_ids():
+    states, centroids, rotations = near_tie_inputs()
+    clusters, buckets = assign_clusters(states, centroids), lsh_buckets(states, rotations)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(assign_clusters(states, centroids), clusters)
+        assert torch.equal(lsh_buckets(states, rotations), buckets)
+        # the inputs are sensitive: the same products in autocast's precision put tokens elsewhere
+        rounded = torch.matmul(torch.nn.functional.normalize(states), torch.nn.functional.normalize(centroids).t())
+        assert rounded.dtype == torch.bfloat16 and (rounded.argmax(-1) != clusters).sum() > 10
+
+
+def test_model_half_keeps_centroids_shares_and_hash_directions_float32_bit_for_bit(lm_data):
+    _, model = build(lm_data)
+    layers = [m for m in model.modules() if isinstance(m, ClusterFormerLayer)]
+    assert layers
+    for layer in layers:
+        # values with mantissa bits that half precision cannot hold
+        layer.set_centroids(torch.nn.functional.normalize(torch.randn_like(layer.centroids), dim=-1) / 3)
+    before = [(layer.centroids.clone(), layer.shares.clone()) for layer in layers]
+    assert not torch.equal(before[0][0].half().float(), before[0][0])
+    model.half()
+    assert next(model.parameters()).dtype == torch.float16  # the rest of the model did convert
+    for layer, (centroids, shares) in zip(layers, before):
+        assert layer.centroids.dtype == layer.shares.dtype == torch.float32
+        assert torch.equal(layer.centroids, centroids) and torch.equal(layer.shares, shares)
+    model.to(torch.bfloat16)
+    assert torch.equal(layers[0].centroids, before[0][0])
+
+    _, lsh_model = build(lm_data, "--long-range-layer", "lsh")
+    lsh = next(m for m in lsh_model.modules() if isinstance(m, LSHLayer))
+    rotations = lsh.eval_rotations.clone()
+    lsh_model.half()
+    assert lsh.eval_rotations.dtype == torch.float32 and torch.equal(lsh.eval_rotations, rotations)
+
+
+# ---- b. transformer_lm flags the windowed layers do not implement are refused ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flag",
+    ["--scale-attn", "--scale-fc", "--scale-heads", "--scale-resids", "--decoder-xformers-att-config"],
+)
+def test_normformer_and_xformers_flags_are_refused_by_name(lm_data, flag):
+    value = ['{"name": "scaled_dot_product"}'] if flag == "--decoder-xformers-att-config" else []
+    with pytest.raises(ValueError, match=f"{flag} is not supported by the clusterformer_lm model"):
+        build(lm_data, flag, *value)
+
+
+# ---- c. a K-Means job still running when training ends is joined and its error reported ------------------------------
+
+# a process that starts a background refresh (installing 5 updates later) and ends right after it, as training would
+ENDS_WITH_A_JOB_IN_FLIGHT = """
+import logging, sys, time
+import torch
+from fairseq_clusterformer.modules import kmeans_job
+from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
+from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
+from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+
+logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+
+def slow_refresh(*args):
+    time.sleep(1.0)  # still running when the main thread returns
+    if FAIL:
+        raise ValueError("faiss ran out of memory")
+    print("K-Means finished its work", flush=True)
+    return kmeans_job.LayerResult(None, 0, 1.0, "test")
+
+FAIL = sys.argv[1] == "fail"
+kmeans_job.refresh_layer = slow_refresh
+layer = ClusterFormerLayer(LayerSettings(8, 16, 2, 4, 2), 4).train()
+refresher = CentroidRefresher(RefreshSettings(memory_size=50, interval=1, iters=2, backend="torch", swap_delay=5))
+refresher.attach(layer)
+for update in range(2):
+    refresher.before_step(update)
+    layer(torch.randn(2, 6, 8))
+    refresher.commit()
+print("training loop over", flush=True)
+"""
+
+
+@pytest.mark.parametrize("outcome", ["ok", "fail"])
+def test_a_job_in_flight_at_the_end_is_joined_and_its_error_reported(outcome):
+    proc = subprocess.run(
+        [sys.executable, "-c", ENDS_WITH_A_JOB_IN_FLIGHT, outcome],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    out = proc.stdout
+    assert "training loop over" in out, out
+    after = out.split("training loop over", 1)[1]  # what happened after the main thread's work was done
+    if outcome == "ok":
+        assert "K-Means finished its work" in after, out
+        assert "training ended before K-Means job 1 (snapshot of update 1) was due for install at update 6" in after
+    else:
+        assert "K-Means job 1 (snapshot of update 1) failed on its background thread" in after, out
+        assert "ValueError('faiss ran out of memory')" in after
+
+
+@pytest.mark.e2e
+def test_fairseq_train_with_no_save_joins_the_last_job(lm_data, tmp_path):
+    # a refresh starts at update 3 and would install at update 7: training stops at update 4 with it in flight
+    schedule = ["--memory-size", "2000", "--cluster-update-interval", "3", "--kmeans-swap-delay", "4"]
+    out = run_ok("fairseq-train", lm_data, *TINY_LM_TRAIN, *schedule, "--max-update", "4", "--no-save", cwd=tmp_path)
+    assert "K-Means job 1 started at update 3" in out
+    assert "training ended before K-Means job 1 (snapshot of update 3) was due for install at update 7: joined" in out
+    assert not list(tmp_path.glob("**/*.pt"))
+
+
+# ---- f. the memory banks travel in checkpoint_last.pt only -----------------------------------------------------------
+
+
+def fake_checkpoint(path, rows):
+    refresh = {"banks": [{"buffer": torch.randn(rows, 64)}], "num_refreshes": 2}
+    torch.save({"model": {"w": torch.arange(10.0)}, "extra_state": {"Task": {"centroid_refresh": refresh}}}, path)
+
+
+def test_the_copies_of_a_save_lose_the_banks_and_checkpoint_last_keeps_them(tmp_path):
+    older = tmp_path / "checkpoint_1_2.pt"  # an earlier save of the same size: not part of this save, left alone
+    fake_checkpoint(older, 4000)
+    os.utime(older, (time.time() - 100, time.time() - 100))
+    older_bytes = older.read_bytes()
+    since = time.time()
+    first = tmp_path / "checkpoint_1_4.pt"  # the file fairseq writes, then copies to best and last
+    fake_checkpoint(first, 4000)
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        shutil.copyfile(first, tmp_path / name)
+    last_bytes = (tmp_path / "checkpoint_last.pt").read_bytes()
+
+    rewritten = keep_banks_in_last_only(str(first), since, "Task", "centroid_refresh")
+
+    assert sorted(rewritten) == [str(tmp_path / "checkpoint_1_4.pt"), str(tmp_path / "checkpoint_best.pt")]
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == last_bytes and older.read_bytes() == older_bytes
+    for name in ("checkpoint_1_4.pt", "checkpoint_best.pt"):
+        state = torch.load(tmp_path / name, weights_only=False)
+        assert state["extra_state"]["Task"]["centroid_refresh"] == {"banks": None, "num_refreshes": 2}
+        assert torch.equal(state["model"]["w"], torch.arange(10.0))
+        assert (tmp_path / name).stat().st_size < len(last_bytes) // 10
+    # a save that wrote checkpoint_last.pt alone has nothing to drop
+    assert keep_banks_in_last_only(str(tmp_path / "checkpoint_last.pt"), since, "Task", "centroid_refresh") == []
+
+
+def refresh_state(path):
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    return state["extra_state"]["ClusterFormerLMTask"]["centroid_refresh"]
+
+
+@pytest.mark.e2e
+def test_fairseq_train_keeps_the_banks_in_checkpoint_last_only(lm_data, tmp_path):
+    saves = ["--memory-size", "2000", "--save-interval-updates", "2", "--keep-interval-updates", "-1"]
+    run_ok("fairseq-train", lm_data, *TINY_LM_TRAIN, *saves, "--max-update", "4", "--save-dir", tmp_path / "s")
+    last = tmp_path / "s" / "checkpoint_last.pt"
+    banks = refresh_state(last)["banks"]
+    bank_bytes = sum(bank["buffer"].numel() * 4 for bank in banks)
+    assert len(banks) == 2 and bank_bytes == 2 * 2000 * 64 * 4  # both banks full
+    for name in ("checkpoint_1_2.pt", "checkpoint_1_4.pt", "checkpoint_best.pt"):
+        path = tmp_path / "s" / name
+        assert refresh_state(path)["banks"] is None, name
+        assert refresh_state(path)["last_refresh_epoch"] == 1  # the schedule itself is still there
+        assert last.stat().st_size - path.stat().st_size > 0.9 * bank_bytes, name
+    # the halfway checkpoint with the same model weights as checkpoint_last
+    a = torch.load(tmp_path / "s" / "checkpoint_1_4.pt", map_location="cpu", weights_only=False)["model"]
+    b = torch.load(last, map_location="cpu", weights_only=False)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+    # fine-tuning from the best checkpoint: the banks refill, and the log says so
+    best = tmp_path / "s" / "checkpoint_best.pt"
+    out = run_ok(
+        "fairseq-train", lm_data, *TINY_LM_TRAIN, "--memory-size", "2000", "--max-update", "5",
+        "--restore-file", best, "--save-dir", tmp_path / "f",
+    )  # fmt: skip
+    assert "no memory banks (only checkpoint_last.pt keeps them)" in out
+    assert len(refresh_state(tmp_path / "f" / "checkpoint_last.pt")["banks"][0]["buffer"]) == 800  # one batch
+    out = run_ok(
+        "fairseq-eval-lm", lm_data, "--task", "clusterformer_lm", "--user-dir", PACKAGE, "--path", best,
+        "--gen-subset", "test", "--tokens-per-sample", "200", "--batch-size", "4", "--num-workers", "0",
+    )  # fmt: skip
+    assert "Perplexity:" in out
+
+
+# ---- d. initial centroids come from rank 0 ---------------------------------------------------------------------------
+
+
+def initial_centroids_worker(rank, init_file, results):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.manual_seed(10 + rank)  # the ranks draw different random centroids, as unequal seeds would
+    layer = ClusterFormerLayer(LayerSettings(8, 16, 2, 4, 2), 4).train()
+    refresher = CentroidRefresher(RefreshSettings(memory_size=50, interval=100, backend="torch"))
+    refresher.attach(layer)
+    before = layer.centroids.clone()
+    refresher.before_step(0)  # no refresh is due: only the broadcast changes the centroids
+    results.put((rank, before.tolist(), layer.centroids.tolist()))
+    dist.destroy_process_group()
+
+
+def test_the_initial_centroids_are_broadcast_from_rank_0(tmp_path):
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(initial_centroids_worker, args=(str(tmp_path / "init"), results), nprocs=2, start_method="spawn")
+    ranks = dict((r[0], r[1:]) for r in (results.get(), results.get()))
+    (before0, after0), (before1, after1) = ranks[0], ranks[1]
+    assert before0 != before1
+    assert after0 == after1 == before0
