@@ -118,8 +118,8 @@ def test_an_example_gives_the_same_output_alone_and_in_a_padded_batch(qa_data, k
 
 
 def test_one_window_equals_fairseq_roberta_on_the_same_weights(qa_data):
-    """With every context token in one window, the encoder is RoBERTa on ``<s> question </s> context``: same
-    weights, same positions, same states."""
+    """With every context token in one window, the encoder is RoBERTa on its sentence-pair input
+    ``<s> question </s></s> context </s>``: same weights, same positions, same states."""
     flags = ["--window-size", "100", "--window-stride", "60", "--max-positions", "256", "--long-range-layer", "none"]
     task, model = build(qa_data, *flags)
     args = parse(qa_data, *flags)
@@ -130,11 +130,13 @@ def test_one_window_equals_fairseq_roberta_on_the_same_weights(qa_data):
     question = sample["net_input"]["question"]
     context = sample["net_input"]["context"][:, :55]  # one window of context (<= stride)
     d = task.source_dictionary
-    tokens = torch.cat([torch.tensor([[d.bos()]]), question, torch.tensor([[d.eos()]]), context], dim=1)
-    expected, _ = roberta.encoder.extract_features(tokens)  # 1 x (q+2+T) x C
+    bos, eos = torch.tensor([[d.bos()]]), torch.tensor([[d.eos()]])
+    tokens = torch.cat([bos, question, eos, eos, context, eos], dim=1)
+    expected, _ = roberta.encoder.extract_features(tokens)  # 1 x (q+3+T+1) x C
     out = model.encoder.sentence_encoder.forward_qa(question, context)
-    q = question.size(1) + 2
-    assert torch.allclose(out.context[0], expected[0, q:], atol=1e-5)
+    q = question.size(1) + 3
+    assert out.context.shape[1] == context.size(1)  # the closing </s> is not a context position
+    assert torch.allclose(out.context[0], expected[0, q:-1], atol=1e-5)
     assert torch.allclose(out.question[0, 0], expected[0, :q], atol=1e-5)
 
 

@@ -87,15 +87,15 @@ def test_tokens_of_a_window_and_padding_of_foreign_windows():
     bos, eos, pad = 0, 2, 1
     question = torch.tensor([[10, 11, 12], [20, pad, pad]])
     context = torch.tensor([[30 + i for i in range(9)], [40, 41, 42, pad, pad, pad, pad, pad, pad]])
-    layout = QALayout(question.size(1) + 2, context.size(1), 4, 3)
+    layout = QALayout(question.size(1) + 3, context.size(1), 4, 3)
     flat, windows = qa_tokens(question, context, layout, bos, eos, pad)
     assert layout.count == 3
     ctx = context.tolist()
     for k in range(3):
         tail = [ctx[0][c] if c < 9 else pad for c in range(3 * k, 3 * k + 4)]
-        assert windows[0, k].tolist() == [bos, 10, 11, 12, eos] + tail
+        assert windows[0, k].tolist() == [bos, 10, 11, 12, eos, eos] + tail  # RoBERTa's pair separator </s></s>
     # row 1 has 3 context tokens: one window of its own; its later windows are all pad
-    assert windows[1, 0].tolist() == [bos, 20, eos, pad, pad, 40, 41, 42, pad]
+    assert windows[1, 0].tolist() == [bos, 20, eos, eos, pad, pad, 40, 41, 42, pad]
     assert windows[1, 1:].eq(pad).all()
     assert flat.shape == (2, layout.flat_len)
     assert from_flat(flat, layout)[1].tolist() == ctx

@@ -13,7 +13,7 @@ from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 
-from fairseq_clusterformer.modules.qa_heads import ANSWER_TYPES, paragraph_positions, span_positions
+from fairseq_clusterformer.modules.qa_heads import ANSWER_TYPES, paragraph_ids, paragraph_positions, span_positions
 from fairseq_clusterformer.ops.qa_metrics import NQLabel, exact_match, max_over_gold, score_long, score_short, token_f1
 from fairseq_clusterformer.ops.spans import best_spans, candidate_log_softmax, gold_span_log_likelihood
 
@@ -50,8 +50,9 @@ class ClusterFormerQACriterion(FairseqCriterion):
             gold = sample["long_answer"]  # B, paragraph index or -1
             picked = log_p.gather(1, gold.clamp(min=0)[:, None])[:, 0]  # B
             long_loss = -picked.masked_fill(gold < 0, 0.0).sum()
-            loss = loss + self.answer_type_weight * type_loss + self.long_answer_weight * long_loss
-            log.update(type_loss=type_loss.data, long_loss=long_loss.data)
+            aux_loss = self.answer_type_weight * type_loss + self.long_answer_weight * long_loss
+            loss = loss + aux_loss
+            log.update(type_loss=type_loss.data, long_loss=long_loss.data, aux_loss=aux_loss.data)
         sample_size = sample["nsentences"]
         log.update(loss=loss.data, ntokens=sample["ntokens"], nsentences=sample_size, sample_size=sample_size)
         if not model.training:
@@ -60,7 +61,8 @@ class ClusterFormerQACriterion(FairseqCriterion):
         return loss, sample_size, log
 
     def evaluate(self, logits, sample, valid) -> dict:
-        starts, ends, _ = best_spans(logits["start"], logits["end"], valid, self.task.cfg.max_answer_tokens)
+        segments = paragraph_ids(sample["net_input"]["context"], self.task.paragraph)  # B x T
+        starts, ends, _ = best_spans(logits["start"], logits["end"], valid, self.task.cfg.max_answer_tokens, segments)
         starts, ends = starts.tolist(), ends.tolist()
         answer_types = "answer_type" in logits
         kinds = logits["answer_type"].argmax(dim=-1).tolist() if answer_types else [SHORT] * len(starts)  # B
@@ -107,10 +109,18 @@ class ClusterFormerQACriterion(FairseqCriterion):
         def total(key):
             return sum(log.get(key, 0) for log in logging_outputs)
 
-        examples = total("sample_size")
-        metrics.log_scalar("loss", total("loss") / max(examples, 1) / math.log(2), examples, round=3)
+        examples, span_examples = total("sample_size"), total("span_examples")
+        # the span loss exists only for examples with a gold span in the context (an evaluation split keeps the
+        # others, at loss 0): it is averaged over those; the answer-type losses over every example. Sums, not
+        # per-batch means, so that batches with different counts combine exactly.
+        for key, value in (("span", total("span_loss")), ("span_n", span_examples), ("aux", total("aux_loss"))):
+            metrics.log_scalar_sum(f"_loss_{key}", value)
+        metrics.log_scalar_sum("_loss_n", examples)
+        metrics.log_derived("loss", _loss_meter)
         if any("type_loss" in log for log in logging_outputs):
-            for key in ("span_loss", "type_loss", "long_loss"):
+            span_loss = total("span_loss") / max(span_examples, 1) / math.log(2)
+            metrics.log_scalar("span_loss", span_loss, span_examples, round=3)
+            for key in ("type_loss", "long_loss"):
                 metrics.log_scalar(key, total(key) / max(examples, 1) / math.log(2), examples, round=3)
         scored = total("scored")
         if scored:
@@ -126,6 +136,14 @@ class ClusterFormerQACriterion(FairseqCriterion):
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:
         return True
+
+
+def _loss_meter(meters) -> float:
+    def part(name: str, count: str) -> float:
+        n = float(meters[f"_loss_{count}"].sum)
+        return float(meters[f"_loss_{name}"].sum) / n if n else 0.0
+
+    return round((part("span", "span_n") + part("aux", "n")) / math.log(2), 3)
 
 
 def _nq_f1_meter(kind: str):

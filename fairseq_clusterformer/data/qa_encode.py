@@ -18,6 +18,9 @@ import numpy as np
 from fairseq_clusterformer.data.qa_records import QARecord, RecordError, SkipLog
 from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_to_tokens
 
+# one default for the binariser and the task: a larger binariser limit kept questions that training then skipped
+MAX_QUESTION_TOKENS = 64
+
 
 @dataclass
 class EncodedExample:
@@ -28,7 +31,11 @@ class EncodedExample:
 
 class RecordEncoder:
     def __init__(
-        self, tokenizer, paragraph_id: int, max_context_tokens: int = 10000, max_question_tokens: int = 128
+        self,
+        tokenizer,
+        paragraph_id: int,
+        max_context_tokens: int = 10000,
+        max_question_tokens: int = MAX_QUESTION_TOKENS,
     ) -> None:
         if max_context_tokens < 2:
             raise ValueError(f"--max-context-tokens must be at least 2, got {max_context_tokens}")

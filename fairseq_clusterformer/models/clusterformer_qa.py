@@ -32,6 +32,7 @@ from fairseq_clusterformer.modules.qa_pretrained import (
     pretrained_dictionary,
 )
 from fairseq_clusterformer.modules.windowed_layer import WINDOW_MERGE_CHOICES, LayerSettings
+from fairseq_clusterformer.ops.qa_windows import QUESTION_SPECIALS
 from fairseq_clusterformer.ops.windows import check_window
 
 UNSUPPORTED = {
@@ -112,11 +113,11 @@ class ClusterFormerQAModel(RobertaModel):
         for name, flag in UNSUPPORTED.items():
             if safe_getattr(args, name, None):
                 raise ValueError(f"{flag} is not supported by the clusterformer_qa model")
-        window = task.max_question_tokens + 2 + args.window_size
+        window = task.max_question_tokens + QUESTION_SPECIALS + args.window_size
         if window > args.max_positions:
             raise ValueError(
-                f"a window holds up to {window} tokens (<s> + --max-question-tokens {task.max_question_tokens} + </s> "
-                f"+ --window-size {args.window_size}), more than --max-positions {args.max_positions}"
+                f"a window holds up to {window} tokens (<s> + --max-question-tokens {task.max_question_tokens} + "
+                f"</s></s> + --window-size {args.window_size}), more than --max-positions {args.max_positions}"
             )
         encoder = ClusterFormerQARobertaEncoder(args, task.source_dictionary)
         model = cls(args, encoder, answer_types=task.answer_types)

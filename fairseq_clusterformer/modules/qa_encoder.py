@@ -5,9 +5,9 @@ C = channels.
 
 fairseq's TransformerEncoder keeps its embeddings (token, learned positions, embedding layer norm) and its
 parameter names, so a RoBERTa checkpoint loads unchanged; its layers are replaced by windowed ones:
-sliding-window layers on ``[<s> question </s> context-window]`` windows and, at the long-range positions,
-the layer that ``build_layer`` makes (Cluster-Former, LSH, sparse) on the flat eq.-4 sequence of every
-window's question copy plus the merged context.
+sliding-window layers on ``[<s> question </s></s> context-window]`` windows (the context ends in ``</s>``) and, at
+the long-range positions, the layer that ``build_layer`` makes (Cluster-Former, LSH, sparse) on the flat eq.-4
+sequence of every window's question copy plus the merged context.
 """
 
 from __future__ import annotations
@@ -16,12 +16,22 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
+import torch
+from fairseq import utils
 from fairseq.models.transformer import TransformerEncoder
 from torch import Tensor
 
 from fairseq_clusterformer.modules.decoder import LongRangePlan, build_layer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings, SlidingWindowLayer
-from fairseq_clusterformer.ops.qa_windows import QAInputWindows, QALayout, QAWindows, from_flat, qa_tokens
+from fairseq_clusterformer.ops.qa_windows import (
+    QUESTION_SPECIALS,
+    QAInputWindows,
+    QALayout,
+    QAWindows,
+    close_context,
+    from_flat,
+    qa_tokens,
+)
 
 
 @dataclass
@@ -54,10 +64,16 @@ class ClusterFormerQAEncoder(TransformerEncoder):
         self.num_layers = len(self.layers)
 
     def layout(self, question: Tensor, context: Tensor) -> QALayout:
-        return QALayout(question.size(1) + 2, context.size(1), self.settings.window_size, self.settings.window_stride)
+        """``context`` as the layers see it, ``</s>`` included (see ``close_context``)."""
+        size, stride = self.settings.window_size, self.settings.window_stride
+        return QALayout(question.size(1) + QUESTION_SPECIALS, context.size(1), size, stride)
 
     def forward_qa(self, question: Tensor, context: Tensor) -> QAEncoderOut:
-        """question: B x q ids without <s>/</s>, context: B x T ids, both right-padded."""
+        """question: B x q ids without <s>/</s>, context: B x T ids, both right-padded. The layers see RoBERTa's
+        sentence-pair input, ``<s> question </s></s> context </s>``, cut into windows; ``context`` in the output
+        holds the states of the T context positions only."""
+        length = context.size(1)
+        context = close_context(context, self.eos, self.padding_idx)  # B x (T+1)
         layout = self.layout(question, context)
         bsz = question.size(0)
         flat, tokens = qa_tokens(question, context, layout, self.bos, self.eos, self.padding_idx)  # B x S, B x K x W
@@ -78,11 +94,13 @@ class ClusterFormerQAEncoder(TransformerEncoder):
             x = self.layer_norm(x)
         question_states, context_states = from_flat(x, layout)
         question_pad, _ = from_flat(flat_pad, layout)
-        return QAEncoderOut(question_states, context_states, ~question_pad, layout)
+        return QAEncoderOut(question_states, context_states[:, :length], ~question_pad, layout)
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """Older fairseq names inside a layer: ``layer_norms.{0,1}`` and a fused ``in_proj_weight``/``bias``.
-        (The base class would ask each layer to do this; the windowed layers keep no such history.)"""
+        """Older fairseq names inside a layer: ``layer_norms.{0,1}`` and a fused ``in_proj_weight``/``bias``
+        (the base class would ask each layer to do this; the windowed layers keep no such history), then the
+        base class's own ``version`` handling, which the published RoBERTa checkpoints need: they have no
+        ``version`` entry, and fairseq adds one (and drops a final layer norm they never had)."""
         for i in range(self.num_layers):
             prefix = f"{name}.layers.{i}."
             for old, new in (("layer_norms.0", "self_attn_layer_norm"), ("layer_norms.1", "final_layer_norm")):
@@ -95,4 +113,10 @@ class ClusterFormerQAEncoder(TransformerEncoder):
                     # fairseq fused q, k and v in this order along the output dimension
                     for proj, part in zip(("q_proj", "k_proj", "v_proj"), fused.chunk(3, dim=0)):
                         state_dict[prefix + f"self_attn.{proj}.{kind}"] = part
+        version_key = f"{name}.version"
+        if utils.item(state_dict.get(version_key, torch.Tensor([1]))[0]) < 2:
+            # as fairseq's TransformerEncoderBase: these checkpoints did not normalise after the last layer
+            self.layer_norm = None
+            self.normalize = False
+            state_dict[version_key] = torch.Tensor([1])
         return state_dict

@@ -55,3 +55,8 @@ def paragraph_positions(context: Tensor, paragraph: int) -> Tensor:
     order = torch.sort((~is_paragraph).int(), dim=1, stable=True).indices[:, :width]  # B x P
     keep = torch.arange(width, device=context.device)[None, :] < counts[:, None]  # B x P
     return torch.where(keep, order, torch.full_like(order, -1))
+
+
+def paragraph_ids(context: Tensor, paragraph: int) -> Tensor:
+    """B x T: how many paragraph tokens come at or before each position (the paragraph a token belongs to)."""
+    return context.eq(paragraph).cumsum(dim=1)

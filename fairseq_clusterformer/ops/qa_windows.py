@@ -1,6 +1,6 @@
 """Question + context windows of the QA encoder (paper eq. 1-4), as index arithmetic on one flat layout.
 
-B = batch, K = windows, Q = question block (<s> question </s>, padded), T = context tokens, C = channels,
+B = batch, K = windows, Q = question block (<s> question </s></s>, padded), T = context tokens, C = channels,
 l = window size (context tokens per window), m = stride, W = Q + l (tokens per window), S = K * (Q + m).
 
 Between layers a QA example is one flat sequence, the paper's eq. 4:
@@ -105,22 +105,34 @@ def merge_windows(windows: Tensor, layout: QALayout) -> Tensor:
     return total[:, : layout.flat_len] / layout.coverage(windows.device, windows.dtype)[None, :, None]
 
 
+# fairseq RoBERTa's sentence-pair input, the one the pretrained model saw: <s> question </s></s> context </s>
+QUESTION_SPECIALS = 3  # <s> before the question, </s></s> after it
+
+
 def question_block(question: Tensor, bos: int, eos: int, pad: int) -> Tensor:
-    """B x q question ids (right-padded with ``pad``, no <s>/</s>) -> B x (q+2) blocks ``<s> question </s> pads``."""
+    """B x q question ids (right-padded with ``pad``, no <s>/</s>) -> B x (q+3) blocks ``<s> question </s></s>``
+    then pads."""
     bsz, q = question.shape
     lengths = question.ne(pad).sum(dim=1)  # B
-    block = question.new_full((bsz, q + 2), pad)
+    block = question.new_full((bsz, q + QUESTION_SPECIALS), pad)
     block[:, 0] = bos
     block[:, 1 : q + 1] = question
-    block.scatter_(1, (lengths + 1)[:, None], eos)
+    block.scatter_(1, torch.stack([lengths + 1, lengths + 2], dim=1), eos)
     return block
+
+
+def close_context(context: Tensor, eos: int, pad: int) -> Tensor:
+    """B x T right-padded context ids -> B x (T+1) with ``</s>`` right after every row's last token."""
+    lengths = context.ne(pad).sum(dim=1)  # B
+    closed = torch.cat([context, context.new_full((context.size(0), 1), pad)], dim=1)  # B x (T+1)
+    return closed.scatter_(1, lengths[:, None], eos)
 
 
 def qa_tokens(
     question: Tensor, context: Tensor, layout: QALayout, bos: int, eos: int, pad: int
 ) -> tuple[Tensor, Tensor]:
-    """Token ids in the flat layout (B x S) and of every window (B x K x W): ``<s> question </s> [pads]
-    context[k*m : k*m + l]``.
+    """Token ids in the flat layout (B x S) and of every window (B x K x W): ``<s> question </s></s> [pads]
+    context[k*m : k*m + l]`` (the encoder passes a context that ends in ``</s>``, see ``close_context``).
 
     question: B x q and context: B x T, both right-padded with ``pad``. The question copy of a window
     that holds none of its example's context (a short context in a batch of long ones) is all pad, so

@@ -47,9 +47,11 @@ def gold_span_log_likelihood(
 
 
 def best_spans(
-    start_logits: Tensor, end_logits: Tensor, valid: Tensor, max_length: int
+    start_logits: Tensor, end_logits: Tensor, valid: Tensor, max_length: int, segments: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Highest start_logit[s] + end_logit[e] with s <= e < s + max_length, s and e valid.
+    """Highest start_logit[s] + end_logit[e] with s <= e < s + max_length, s and e valid and, given
+    ``segments`` (B x T ids, e.g. the paragraph of every token), s and e in the same segment: an answer never
+    runs across a paragraph boundary, whose marker would otherwise sit inside the predicted text.
 
     Returns (starts B, ends B, scores B); a row with no valid position gets -inf and start = end = 0.
     The candidates are a B x T x L band built by ``unfold``, so decoding a 10k-token context is one kernel.
@@ -63,6 +65,10 @@ def best_spans(
     end = torch.cat([end, end.new_full((bsz, width - 1), float("-inf"))], dim=1)  # B x (T+L-1)
     band = end.unfold(1, width, 1)  # B x T x L, band[b, s, j] = end[b, s + j]
     scores = start[:, :, None] + band  # B x T x L
+    if segments is not None:
+        padded = torch.cat([segments, segments.new_full((bsz, width - 1), -1)], dim=1)  # B x (T+L-1)
+        same = padded.unfold(1, width, 1) == segments[:, :, None]  # B x T x L
+        scores = scores.masked_fill(~same, float("-inf"))
     best, flat = scores.reshape(bsz, -1).max(dim=-1)  # B
     starts = flat // width
     ends = starts + flat % width

@@ -20,7 +20,7 @@ from fairseq.data import Dictionary
 
 from fairseq_clusterformer.data.atomic_files import atomic_group, atomic_open
 from fairseq_clusterformer.data.qa_binarized import CONFIG, QABinarizedWriter, load_config, save_config
-from fairseq_clusterformer.data.qa_encode import RecordEncoder
+from fairseq_clusterformer.data.qa_encode import MAX_QUESTION_TOKENS, RecordEncoder
 from fairseq_clusterformer.data.qa_records import SkipLog, find_occurrences, read_records
 from fairseq_clusterformer.data.qa_tokenizers import (
     PARAGRAPH_TOKEN,
@@ -43,7 +43,12 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", action="append", default=[], metavar="NAME=JSONL", help="another split")
     parser.add_argument("--destdir", required=True)
     parser.add_argument("--max-context-tokens", type=int, default=10000, help="longer contexts keep what fits")
-    parser.add_argument("--max-question-tokens", type=int, default=128, help="longer questions are skipped")
+    parser.add_argument(
+        "--max-question-tokens",
+        type=int,
+        default=MAX_QUESTION_TOKENS,
+        help="longer questions are skipped (the task's --max-question-tokens has the same default)",
+    )
     parser.add_argument(
         "--find-all-occurrences",
         action="store_true",

@@ -20,7 +20,7 @@ import torch
 from fairseq import checkpoint_utils, utils
 
 from fairseq_clusterformer.data.qa_predictions import nq_prediction, write_nq_predictions, write_squad_predictions
-from fairseq_clusterformer.modules.qa_heads import ANSWER_TYPES, paragraph_positions, span_positions
+from fairseq_clusterformer.modules.qa_heads import ANSWER_TYPES, paragraph_ids, paragraph_positions, span_positions
 from fairseq_clusterformer.ops.qa_metrics import NQLabel, nq_label_from_json, nq_scores, squad_scores
 from fairseq_clusterformer.ops.spans import best_spans, candidate_log_softmax
 
@@ -65,7 +65,8 @@ def predict(model, task, split: str, batch_size: int):
         logits = model(**sample["net_input"])
         context = sample["net_input"]["context"]
         valid = span_positions(context, task.dictionary.pad(), task.paragraph)
-        starts, ends, scores = best_spans(logits["start"], logits["end"], valid, task.cfg.max_answer_tokens)
+        segments = paragraph_ids(context, task.paragraph)  # B x T
+        starts, ends, scores = best_spans(logits["start"], logits["end"], valid, task.cfg.max_answer_tokens, segments)
         kinds = [ANSWER_TYPES.index("short")] * len(starts)
         paragraphs = paragraph_scores = [0.0] * len(starts)
         if "answer_type" in logits:

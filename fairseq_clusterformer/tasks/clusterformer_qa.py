@@ -3,6 +3,7 @@
 No ``from __future__ import annotations`` here: fairseq reads the config field types at run time.
 """
 
+import copy
 import json
 import logging
 import os
@@ -13,10 +14,12 @@ from fairseq import utils
 from fairseq.data import Dictionary
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
-from omegaconf import II
+from fairseq.utils import safe_getattr
+from omegaconf import II, OmegaConf, open_dict
 
 from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit, span_text
 from fairseq_clusterformer.data.qa_dataset import CONTEXT_OVERFLOW, QADataset, QALimits
+from fairseq_clusterformer.data.qa_encode import MAX_QUESTION_TOKENS
 from fairseq_clusterformer.data.qa_tokenizers import PARAGRAPH_TOKEN
 from fairseq_clusterformer.tasks.centroid_hooks import CentroidRefreshHooks, MemoryBankConfig
 
@@ -27,7 +30,8 @@ logger = logging.getLogger(__name__)
 class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig):
     data: str = field(default="", metadata={"help": "directory written by fairseq-clusterformer-qa-binarize"})
     max_question_tokens: int = field(
-        default=64, metadata={"help": "questions with more tokens are skipped (a window is <s> question </s> context)"}
+        default=MAX_QUESTION_TOKENS,
+        metadata={"help": "questions with more tokens are skipped (a window is <s> question </s></s> context)"},
     )
     max_context_train: int = field(
         default=5000, metadata={"help": "longest context (tokens) in the training split; see --context-overflow"}
@@ -88,6 +92,19 @@ class ClusterFormerQATask(CentroidRefreshHooks, FairseqTask):
             raise ValueError(f"no usable example in split {split!r}: {dataset.report()}")
         self.datasets[split] = dataset
         return dataset
+
+    def build_model(self, cfg, from_checkpoint=False):
+        """fairseq's checkpoint loaders (fairseq-validate, the prediction script, hub loading) pass
+        ``from_checkpoint``: the checkpoint holds every weight, so the pretrained RoBERTa named in its saved config
+        is not read (it may have moved since training)."""
+        if from_checkpoint and safe_getattr(cfg, "roberta_path", None):
+            cfg = copy.deepcopy(cfg)
+            if OmegaConf.is_config(cfg):
+                with open_dict(cfg):
+                    cfg.roberta_path = None
+            else:
+                cfg.roberta_path = None
+        return super().build_model(cfg, from_checkpoint)
 
     def answer_text(self, split: str, example_index: int, start: int, end: int) -> str:
         """Text of the inclusive context token span [start, end] of one example of a loaded split."""
