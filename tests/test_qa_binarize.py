@@ -5,6 +5,7 @@ import contextlib
 import gzip
 import io
 import json
+import re
 import sys
 from unittest import mock
 
@@ -14,9 +15,10 @@ from fairseq.data import Dictionary, data_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit, span_in_paragraph
+from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit, span_in_paragraph, span_text, whole_characters
+from fairseq_clusterformer.data.qa_encode import RecordEncoder
 from fairseq_clusterformer.data.qa_predictions import nq_prediction, write_nq_predictions, write_squad_predictions
-from fairseq_clusterformer.data.qa_records import QARecord
+from fairseq_clusterformer.data.qa_records import QARecord, SkipLog
 from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_to_tokens
 from fairseq_clusterformer.data.qa_tokenizers import GPT2BPETokenizer, SentencePieceTokenizer, add_paragraph_token
 from fairseq_clusterformer.ops.qa_metrics import nq_label_from_json, nq_scores, squad_scores
@@ -176,9 +178,12 @@ def test_every_char_span_maps_to_tokens_that_decode_to_it_sentencepiece(spm_mode
 
 
 def check_split(data_dir, split, expected):
-    """Every gold token span decodes to its paragraph text; paragraph tokens sit where the meta says."""
+    """Every gold token span decodes to its answer (training split) or covers it (evaluation split); paragraph tokens
+    sit where the meta says."""
     data = QABinarizedSplit(str(data_dir), split)
     assert len(data) == expected
+    exact = data.config["splits"][split]["cut_at_answers"]
+    assert exact == (split == "train")
     # fairseq itself reads the same ids
     contexts = data_utils.load_indexed_dataset(str(data_dir / f"{split}.context"), data.dictionary, "mmap")
     spans = 0
@@ -188,9 +193,11 @@ def check_split(data_dir, split, expected):
         assert example.context.numel() == data.context_sizes[i] <= data.config["max_context_tokens"]
         starts = example.meta["paragraph_starts"]
         assert np.flatnonzero(example.context.numpy() == data.paragraph_id).tolist() == starts
+        answers = [a.casefold() for a in example.meta["answers"]]
         for start, end in example.meta["spans"]:
             spans += 1
-            assert data.span_text(i, start, end).casefold() in {a.casefold() for a in example.meta["answers"]}
+            text = data.span_text(i, start, end).casefold()
+            assert text in answers if exact else any(a in text for a in answers)
     return data, spans
 
 
@@ -217,12 +224,12 @@ def test_binarize_sentencepiece(tmp_path, spm_model):
         "sentencepiece",
         "--sentencepiece-model",
         model,
-        "--valid",
+        "--train",
         records,
         "--destdir",
         tmp_path / "bin",
     )
-    data, spans = check_split(tmp_path / "bin", "valid", 201)
+    data, spans = check_split(tmp_path / "bin", "train", 201)
     assert spans == len(TRICKY_SPANS) and data.config["tokenizer"] == "sentencepiece"
     assert data.span_text(0, *data[0].meta["spans"][-1]) == "c"
 
@@ -326,11 +333,12 @@ def test_real_squad_v2_sample_binarizes_exactly(tmp_path):
         SHARED / "squad" / "dev-v2.0.first5articles_san_mrc.json",
         records,
     )
-    binarize_ok(*GPT2_FLAGS, "--valid", records, "--destdir", tmp_path / "bin")
-    data, spans = check_split(tmp_path / "bin", "valid", 1407)
+    binarize_ok(*GPT2_FLAGS, "--train", records, "--valid", records, "--destdir", tmp_path / "bin")
+    check_split(tmp_path / "bin", "valid", 1407)  # natural tokens, gold spans that cover the answers
+    data, spans = check_split(tmp_path / "bin", "train", 1407)
     assert spans > 700 and sum(not m["answers"] for m in data.metas) == 702
     assert all(m["gold_in_context"] for m in data.metas)  # five articles all fit in 10,000 tokens
-    # gold answers written as predictions score 100 with the SQuAD metric
+    # gold answers of the training split (cut at their edges) written as predictions score 100 with the SQuAD metric
     answers = {m["id"]: data.span_text(i, *m["spans"][0]) if m["spans"] else "" for i, m in enumerate(data.metas)}
     write_squad_predictions(str(tmp_path / "pred.json"), answers)
     read_back = json.loads((tmp_path / "pred.json").read_text())
@@ -380,3 +388,104 @@ def test_nq_gold_spans_round_trip_to_official_predictions(tmp_path, gpt2):
     starts = meta["paragraph_starts"]
     p, byte_start, byte_end = span_in_paragraph(gpt2, data[0].context, starts, starts[0] + 1, starts[1] + 2)
     assert (p, byte_start) == (0, 0) and byte_end == len(lines[0]["document_text"].split("<P> ")[1].split(" </P>")[0])
+
+
+class GPT2LikeTokenizer:
+    """Lossless toy tokeniser that keeps a leading space with its word, as GPT-2 does: " 49" is one token."""
+
+    PATTERN = re.compile(r" ?\w+| ?[^\s\w]+|\s+(?!\S)|\s+")
+
+    def __init__(self):
+        self.vocab = {}
+
+    def encode(self, text):
+        pieces = self.PATTERN.findall(text)
+        assert "".join(pieces) == text
+        ids = [self.vocab.setdefault(p, 10 + len(self.vocab)) for p in pieces]
+        return np.array(ids, dtype=np.int64), np.array([len(p.encode()) for p in pieces], dtype=np.int64)
+
+
+SCORES = "Mars is the fourth planet; in 1949 it had 49 visitors and Phobos."
+
+
+def scores_record(rid, answer, start):
+    assert SCORES[start : start + len(answer)] == answer
+    return QARecord(
+        id=rid, question="How many?", paragraphs=[SCORES], answers=[answer], spans=[[0, start, start + len(answer)]]
+    )
+
+
+@pytest.mark.parametrize("name", ["toy", "gpt2"])
+def test_evaluation_tokens_do_not_depend_on_the_answer(request, name):
+    tokenizer = GPT2LikeTokenizer() if name == "toy" else request.getfixturevalue("gpt2")
+    encoder = RecordEncoder(tokenizer, paragraph_id=4)
+    log = SkipLog(stream=io.StringIO())
+    four = scores_record("a", "4", SCORES.index(" 49 ") + 1)  # ends inside the token " 49"
+    phobos = scores_record("b", "Phobos", SCORES.index("Phobos"))
+    natural = tokenizer.encode(SCORES)[0].tolist()
+    assert len(tokenizer.encode(" 49")[0]) == 1
+    evaluation = [encoder.encode(r, "here", log) for r in (four, phobos)]
+    # the same tokens whatever the answer: the paragraph's own tokens behind its paragraph token
+    assert evaluation[0].context.tolist() == evaluation[1].context.tolist() == [4, *natural]
+    # the gold "4" maps to the token " 49" that covers it
+    first, last = evaluation[0].meta["spans"][0]
+    assert first == last and natural[first - 1] == tokenizer.encode(" 49")[0].tolist()[0]
+    training = [encoder.encode(r, "here", log, cut_at_answers=True) for r in (four, phobos)]
+    assert training[1].context.tolist() == [4, *natural]  # " Phobos" already starts on a token edge
+    cut = training[0].context.tolist()
+    assert cut != [4, *natural] and len(cut) == len(natural) + 2  # " 49" became " 4" + "9"
+    first, last = training[0].meta["spans"][0]
+    assert first == last and cut[first] == tokenizer.encode(" 4")[0].tolist()[0]
+    assert not log.skipped and not log.lost
+
+
+def test_binariser_cuts_only_training_splits_and_scores_original_text(tmp_path, spm_model):
+    model, _ = spm_model
+    tokenizer = spm_tokenizer(model)
+    fourth, planet = SCORES.index("fourth"), SCORES.index("planet")
+    # "plan" ends inside a sentencepiece token (the model was trained on "the fourth planet")
+    assert planet + 4 not in np.cumsum(tokenizer.encode(SCORES)[1]).tolist()
+    records = [
+        scores_record("plan", "plan", planet),
+        scores_record("phobos", "Phobos", SCORES.index("Phobos")),
+        scores_record("fourth-plan", "fourth plan", fourth),
+    ]
+    src = write_jsonl(tmp_path / "records.jsonl", records)
+    flags = ["--tokenizer", "sentencepiece", "--sentencepiece-model", model, "--destdir", tmp_path / "bin"]
+    binarize_ok(*flags, "--train", src, "--valid", src, "--split", f"test={src}")
+    natural = [QABinarizedSplit(str(tmp_path / "bin"), "valid").paragraph_id, *tokenizer.encode(SCORES)[0].tolist()]
+    for split in ("valid", "test"):
+        data = QABinarizedSplit(str(tmp_path / "bin"), split)
+        assert [data[i].context.tolist() for i in range(3)] == [natural] * 3
+    train = QABinarizedSplit(str(tmp_path / "bin"), "train")
+    assert train[0].context.tolist() != natural and train[1].context.tolist() == natural
+    assert train.span_text(0, *train.metas[0]["spans"][0]) == "plan"
+
+    # predictions of the covering gold spans are the context's own characters, scored against the gold answers
+    data = QABinarizedSplit(str(tmp_path / "bin"), "valid")
+    predicted = {m["id"]: data.span_text(i, *m["spans"][0]) for i, m in enumerate(data.metas)}
+    assert predicted == {"plan": "planet", "phobos": "Phobos", "fourth-plan": "fourth planet"}
+    # by hand: "planet" shares no word with "plan"; "fourth planet" shares one of two words with "fourth plan"
+    by_hand = {"plan": (0.0, 0.0), "phobos": (100.0, 100.0), "fourth-plan": (0.0, 50.0)}
+    golds = {m["id"]: m["answers"] for m in data.metas}
+    for rid, (em, f1) in by_hand.items():
+        scores = squad_scores({rid: golds[rid]}, {rid: predicted[rid]})
+        assert scores["exact_match"] == em and scores["f1"] == pytest.approx(f1)
+
+
+@needs_gpt2
+def test_span_text_gives_whole_characters_of_the_context(gpt2):
+    text = "Tokyo (東京) is big 🙂🙂 too."
+    ids = gpt2.encode(text)[0]
+    assert "\ufffd" in gpt2.decode(ids[4:5])  # byte-level BPE splits "東" across tokens
+    pieces = [span_text(gpt2, ids, i, i) for i in range(len(ids))]
+    assert all("\ufffd" not in p and p in text for p in pieces)
+    assert pieces[3:7] == ["東", "東", "京", "京"] and pieces[11:13] == ["🙂", "🙂"]
+
+
+def test_whole_characters():
+    emoji = "🙂".encode()
+    assert whole_characters(b"a" + emoji[:1], emoji[1:3], emoji[3:] + b"b") == emoji
+    assert whole_characters(b"", b"ab", b"c") == b"ab"
+    assert whole_characters(emoji[:2], emoji[2:], b"") == emoji
+    assert whole_characters(b"x", emoji[:1], emoji[1:] + b"y") == emoji

@@ -132,8 +132,41 @@ class QABinarizedSplit:
 
 
 def span_text(tokenizer, context: Any, start: int, end: int) -> str:
-    """Text of the inclusive token span ``[start, end]`` of a context (paragraph tokens left out), spaces stripped."""
-    return tokenizer.decode(np.asarray(context)[start : end + 1]).strip()
+    """Text of the inclusive token span ``[start, end]`` of a context (paragraph tokens left out), spaces stripped.
+
+    Both tokenisers are lossless, so the span's bytes are the original context's bytes; a byte-level token may hold
+    part of a multi-byte character, so the span grows to the whole characters it touches (never a U+FFFD that is not
+    in the context). With the natural tokenisation of an evaluation split that is the text a prediction scores with.
+    """
+    context = np.asarray(context)
+    # a character has at most 3 more bytes and every token at least one, so 3 tokens either side complete it
+    before = tokenizer.decode_bytes(context[max(0, start - 3) : start])
+    after = tokenizer.decode_bytes(context[end + 1 : end + 4])
+    body = whole_characters(before, tokenizer.decode_bytes(context[start : end + 1]), after)
+    return body.decode("utf-8", errors="replace").strip()
+
+
+def _is_continuation(byte: int) -> bool:
+    return byte & 0xC0 == 0x80
+
+
+def whole_characters(before: bytes, body: bytes, after: bytes) -> bytes:
+    """``body`` grown into ``before`` / ``after`` (the bytes around it) until it starts and ends on UTF-8 characters."""
+    if body and _is_continuation(body[0]):
+        lead = len(before)
+        while lead > 0 and _is_continuation(before[lead - 1]):
+            lead -= 1
+        body = before[max(lead - 1, 0) :] + body
+    last = len(body) - 1
+    while last > 0 and _is_continuation(body[last]):
+        last -= 1
+    if last >= 0 and not _is_continuation(body[last]):
+        first = body[last]
+        width = 1 if first < 0x80 else 2 if first < 0xE0 else 3 if first < 0xF0 else 4
+        missing = last + width - len(body)
+        if missing > 0:
+            body += after[:missing]
+    return body
 
 
 def span_in_paragraph(

@@ -3,7 +3,9 @@
 Q = question tokens, N = context tokens.
 
 The context is every paragraph behind a paragraph token: ``<p> tokens-of-paragraph-0 <p> tokens-of-paragraph-1 ...``.
-Gold character spans become inclusive token spans into that context. A context over the token limit keeps what fits;
+Gold character spans become inclusive token spans into that context: exact ones in a training split (cut at the
+answer's edges, ``cut_at_answers``), the covering tokens of the natural tokenisation in an evaluation split, whose
+tokens must not depend on the gold answers. A context over the token limit keeps what fits;
 spans and the long answer that fall beyond it are dropped and counted, and the example says whether its gold answer
 is still in the context (``gold_in_context``), so that training can leave out the ones it could never predict.
 """
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from fairseq_clusterformer.data.qa_records import QARecord, RecordError, SkipLog
-from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_to_tokens
+from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_covering_tokens, char_span_to_tokens
 
 # one default for the binariser and the task: a larger binariser limit kept questions that training then skipped
 MAX_QUESTION_TOKENS = 64
@@ -47,15 +49,19 @@ class RecordEncoder:
         self.max_context = max_context_tokens
         self.max_question = max_question_tokens
 
-    def encode(self, record: QARecord, where: str, log: SkipLog) -> EncodedExample | None:
-        """The example, or None (logged under its reason) if the record cannot be used at all."""
+    def encode(self, record: QARecord, where: str, log: SkipLog, cut_at_answers: bool = False) -> EncodedExample | None:
+        """The example, or None (logged under its reason) if the record cannot be used at all.
+
+        ``cut_at_answers`` (training splits only) makes every gold answer edge a token edge, so that the gold spans
+        are exactly the answers; otherwise the context is tokenised as it would be without any answer.
+        """
         try:
-            return self._encode(record, where, log)
+            return self._encode(record, where, log, cut_at_answers)
         except RecordError as e:
             log.skip(where, e.reason, str(e))
             return None
 
-    def _encode(self, record: QARecord, where: str, log: SkipLog) -> EncodedExample:
+    def _encode(self, record: QARecord, where: str, log: SkipLog, cut_at_answers: bool) -> EncodedExample:
         question, _ = self.tokenizer.encode(record.question.strip())
         if len(question) > self.max_question:
             raise RecordError(
@@ -66,10 +72,11 @@ class RecordEncoder:
         length = 0
         for p, text in enumerate(record.paragraphs):
             wanted = [(s, e) for q, s, e in record.spans if q == p]
-            tokens = self.paragraphs.tokenize(text, wanted)
+            tokens = self.paragraphs.tokenize(text, wanted if cut_at_answers else [])
             starts.append(length)
+            to_tokens = char_span_to_tokens if cut_at_answers else char_span_covering_tokens
             for s, e in wanted:
-                first, last = char_span_to_tokens(text, tokens, s, e)
+                first, last = to_tokens(text, tokens, s, e)
                 spans.add((length + 1 + first, length + 1 + last))  # +1: the paragraph token
             pieces.append(np.array([self.paragraph_id], dtype=np.int64))
             pieces.append(tokens.ids)

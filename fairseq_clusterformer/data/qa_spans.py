@@ -2,10 +2,12 @@
 
 N = tokens of one paragraph, L = characters of it.
 
-A subword token need not start or end where an answer does ("1990" inside " 1990s"). Rather than round a span to
-the nearest tokens (which silently changes the answer), the paragraph is tokenised so that every answer edge is a
-token edge: the one word that straddles an edge is re-encoded as two pieces. A start edge that falls just after a
-token's leading whitespace (" Paris" for "Paris") needs no cut; decoding that token gives the answer plus a space.
+A subword token need not start or end where an answer does ("1990" inside " 1990s"). In a training split, rather
+than round a span to the nearest tokens (which silently changes the answer), the paragraph is tokenised so that every
+answer edge is a token edge: the one word that straddles an edge is re-encoded as two pieces. A start edge that falls
+just after a token's leading whitespace (" Paris" for "Paris") needs no cut; decoding that token gives the answer plus
+a space. An evaluation split must not be cut: the cut would depend on the gold answer and so mark it in the input.
+There a gold span maps to the tokens that cover it (``char_span_covering_tokens``), " 49" for the answer "4".
 """
 
 from __future__ import annotations
@@ -98,6 +100,17 @@ def _after_leading_space(text: str, tokens: TokenizedText, i: int, start: int) -
     return c2b[first] == tokens.starts[i] and first < start and text[first:start].isspace()
 
 
+def char_span_covering_tokens(text: str, tokens: TokenizedText, start: int, end: int) -> tuple[int, int]:
+    """Smallest token span ``[first, last]`` (inclusive) whose bytes hold all of characters ``[start, end)``."""
+    c2b = tokens.char_to_byte
+    begin, stop = int(c2b[start]), int(c2b[end])
+    if not 0 <= begin < stop <= (int(tokens.ends[-1]) if len(tokens.ends) else 0):
+        raise RecordError("span_not_aligned", f"characters [{start}, {end}) are not a non-empty span of the text")
+    first = int(np.searchsorted(tokens.starts, begin, side="right")) - 1
+    last = int(np.searchsorted(tokens.ends, stop, side="left"))
+    return first, last
+
+
 def char_span_to_tokens(text: str, tokens: TokenizedText, start: int, end: int) -> tuple[int, int]:
     """Token span ``[first, last]`` (inclusive) covering exactly characters ``[start, end)``, leading spaces aside.
 
@@ -105,10 +118,9 @@ def char_span_to_tokens(text: str, tokens: TokenizedText, start: int, end: int) 
     """
     c2b = tokens.char_to_byte
     begin, stop = int(c2b[start]), int(c2b[end])
-    first = int(np.searchsorted(tokens.starts, begin, side="right")) - 1
-    last = int(np.searchsorted(tokens.ends, stop, side="left"))
-    if first < 0 or not (tokens.starts[first] == begin or _after_leading_space(text, tokens, first, start)):
+    first, last = char_span_covering_tokens(text, tokens, start, end)
+    if not (tokens.starts[first] == begin or _after_leading_space(text, tokens, first, start)):
         raise RecordError("span_not_aligned", f"characters [{start}, {end}) do not start on a token edge")
-    if last >= len(tokens.ends) or tokens.ends[last] != stop:
+    if tokens.ends[last] != stop:
         raise RecordError("span_not_aligned", f"characters [{start}, {end}) do not end on a token edge")
     return first, last

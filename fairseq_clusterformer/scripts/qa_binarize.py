@@ -6,7 +6,10 @@
 Bad records (malformed, empty context, answer offsets that do not match the text, questions over
 --max-question-tokens) are skipped with a message naming the file, line and id; answers beyond
 --max-context-tokens are dropped and counted. The counts per reason are printed at the end and stored in
-qa_config.json. Every output file is written under a temporary name and renamed once its split is complete.
+qa_config.json. Only training splits (named train or train*) are tokenised with a cut at every gold answer edge,
+so that their gold token spans are exactly the answers; the contexts of every other split are tokenised as if there
+were no answer (a cut would mark the answer in the input), and their gold spans are the tokens covering the answers.
+Every output file is written under a temporary name and renamed once its split is complete.
 """
 
 from __future__ import annotations
@@ -100,8 +103,14 @@ def _tokenizer(args: argparse.Namespace):
     return SentencePieceTokenizer(args.sentencepiece_model, dictionary), dictionary
 
 
+def is_training_split(name: str) -> bool:
+    """Whether split ``name`` is trained on ("train", or a shard or variant such as "train1", "train_nq")."""
+    return name.startswith("train")
+
+
 def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionary: Dictionary) -> dict:
     log = SkipLog()
+    cut = is_training_split(name)
     unreachable = 0
     with atomic_group() as files:
         writer = QABinarizedWriter(args.destdir, name, len(dictionary), files)
@@ -111,7 +120,7 @@ def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionar
                 record = dataclasses.replace(
                     record, spans=[list(s) for s in sorted(found | set(map(tuple, record.spans)))]
                 )
-            example = encoder.encode(record, where, log)
+            example = encoder.encode(record, where, log, cut_at_answers=cut)
             if example is None:
                 continue
             if not example.meta["gold_in_context"]:
@@ -131,6 +140,7 @@ def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionar
     return {
         "source": os.path.abspath(path),
         "examples": writer.count,
+        "cut_at_answers": cut,
         "gold_not_in_context": unreachable,
         "skipped": dict(sorted(log.skipped.items())),
         "answers_lost": dict(sorted(log.lost.items())),
