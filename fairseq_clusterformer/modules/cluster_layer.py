@@ -35,9 +35,10 @@ class Float32Buffers(nn.Module):
 
     float32_buffers: tuple[str, ...] = ()
 
-    def _apply(self, fn, recurse=True):
+    def _apply(self, fn, *args, **kwargs):
+        # *args: torch >= 2.1 passes ``recurse``; the torch 2.0 of the official fairseq 0.12.2 set-up does not
         before = {name: self._buffers[name] for name in self.float32_buffers if self._buffers.get(name) is not None}
-        result = super()._apply(fn, recurse)
+        result = super()._apply(fn, *args, **kwargs)
         for name, original in before.items():
             converted = self._buffers[name]
             if converted.dtype != original.dtype:

@@ -168,7 +168,9 @@ def evaluate(args: argparse.Namespace) -> dict:
         if "net_input" not in sample:
             continue
         if args.max_blocks and blocks >= args.max_blocks:
-            break
+            # drain the loader instead of leaving it: a loader abandoned half-way keeps its background reader
+            # thread, and with torch 2.0 (fairseq 0.12.2's set-up) the process then aborts at exit
+            continue
         sample = utils.move_to_cuda(sample) if use_cuda else sample
         hypos = scorer.generate([model], sample)  # the plain pass: every block of the batch at once
         rows = len(hypos) if not args.max_blocks else min(len(hypos), args.max_blocks - blocks)

@@ -6,6 +6,7 @@ another dictionary fails with a size mismatch of embedding matrices; these check
 """
 
 import hashlib
+import inspect
 import os
 import shutil
 import time
@@ -113,7 +114,9 @@ def copies_of(first: str, since: float) -> list[str]:
 def drop_memory_banks(path: str, task_key: str, state_key: str) -> bool:
     """Rewrite a checkpoint without the memory banks in ``extra_state[task_key][state_key]`` (atomically); False
     when it has none. mmap: only the kept tensors are read, and not all at once."""
-    state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    # torch < 2.1 (the official fairseq 0.12.2 set-up) has no mmap: it reads the whole file
+    lazy = {"mmap": True} if "mmap" in inspect.signature(torch.load).parameters else {}
+    state = torch.load(path, map_location="cpu", weights_only=False, **lazy)
     refresh = state.get("extra_state", {}).get(task_key, {}).get(state_key)
     if refresh is None or refresh.get("banks") is None:
         return False
