@@ -12,9 +12,8 @@ from fairseq import metrics
 from fairseq_clusterformer.criterions.clusterformer_qa import ClusterFormerQACriterion
 from fairseq_clusterformer.data.qa_encode import RecordEncoder
 from fairseq_clusterformer.data.qa_records import QARecord, SkipLog
-from fairseq_clusterformer.modules.qa_heads import paragraph_ids, span_positions
 from fairseq_clusterformer.ops.qa_windows import QALayout, close_context, qa_tokens
-from fairseq_clusterformer.ops.spans import best_spans
+from fairseq_clusterformer.ops.spans import paragraph_ids
 from fairseq_clusterformer.scripts.qa_binarize import get_parser
 from fairseq_clusterformer.tasks.clusterformer_qa import ClusterFormerQAConfig
 from tests.data.qa_model.synthetic import shared_data
@@ -40,25 +39,6 @@ def test_windows_are_robertas_sentence_pair_input():
     assert windows[1, 0].tolist() == [bos, 20, eos, eos, pad, 40, 41, eos, pad]
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_best_span_within_one_segment_equals_exhaustive_search(seed):
-    gen = torch.Generator().manual_seed(seed)
-    start, end = torch.randn(3, 12, generator=gen), torch.randn(3, 12, generator=gen)
-    valid = torch.rand(3, 12, generator=gen) > 0.2
-    valid[:, 0] = True
-    segments = torch.cumsum(torch.rand(3, 12, generator=gen) > 0.7, dim=1)
-    for max_len in (2, 5, 20):
-        starts, ends, scores = best_spans(start, end, valid, max_len, segments)
-        for b in range(3):
-            best = max(
-                (float(start[b, s] + end[b, e]), s, e)
-                for s in range(12)
-                for e in range(s, min(12, s + max_len))
-                if valid[b, s] and valid[b, e] and segments[b, s] == segments[b, e]
-            )
-            assert (float(scores[b]), int(starts[b]), int(ends[b])) == pytest.approx(best)
-
-
 def test_evaluation_never_predicts_across_a_paragraph_token(qa_data, monkeypatch):
     task, _ = build(qa_data)
     sample = batch(task, "valid", [0])
@@ -70,8 +50,7 @@ def test_evaluation_never_predicts_across_a_paragraph_token(qa_data, monkeypatch
     start[0, boundary + 1], end[0, boundary - 1] = 3.0, 3.0
     seen = []
     monkeypatch.setattr(task, "answer_text", lambda split, index, s, e: seen.append((s, e)) or "")
-    valid = span_positions(context, task.dictionary.pad(), task.paragraph)
-    ClusterFormerQACriterion(task).evaluate({"start": start, "end": end}, sample, valid)
+    ClusterFormerQACriterion(task).evaluate({"start": start, "end": end}, sample)
     assert seen in ([(boundary - 1, boundary - 1)], [(boundary + 1, boundary + 1)])
     segments = paragraph_ids(context, task.paragraph)[0]
     assert segments[boundary - 1] != segments[boundary + 1]

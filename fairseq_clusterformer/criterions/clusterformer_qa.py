@@ -13,11 +13,16 @@ from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 
-from fairseq_clusterformer.modules.qa_heads import ANSWER_TYPES, paragraph_ids, paragraph_positions, span_positions
+from fairseq_clusterformer.data.qa_predictions import answer_type_name
 from fairseq_clusterformer.ops.qa_metrics import NQLabel, exact_match, max_over_gold, score_long, score_short, token_f1
-from fairseq_clusterformer.ops.spans import best_spans, candidate_log_softmax, gold_span_log_likelihood
+from fairseq_clusterformer.ops.spans import (
+    AnswerPrediction,
+    candidate_log_softmax,
+    gold_span_log_likelihood,
+    paragraph_positions,
+    span_positions,
+)
 
-NONE, SHORT = ANSWER_TYPES.index("none"), ANSWER_TYPES.index("short")
 NQ_COUNTS = ("long_pred", "long_gold", "long_correct", "short_pred", "short_gold", "short_correct")
 
 
@@ -57,52 +62,26 @@ class ClusterFormerQACriterion(FairseqCriterion):
         log.update(loss=loss.data, ntokens=sample["ntokens"], nsentences=sample_size, sample_size=sample_size)
         if not model.training:
             with torch.no_grad():
-                log.update(self.evaluate(logits, sample, valid))
+                log.update(self.evaluate(logits, sample))
         return loss, sample_size, log
 
-    def evaluate(self, logits, sample, valid) -> dict:
-        segments = paragraph_ids(sample["net_input"]["context"], self.task.paragraph)  # B x T
-        starts, ends, _ = best_spans(logits["start"], logits["end"], valid, self.task.cfg.max_answer_tokens, segments)
-        starts, ends = starts.tolist(), ends.tolist()
-        answer_types = "answer_type" in logits
-        kinds = logits["answer_type"].argmax(dim=-1).tolist() if answer_types else [SHORT] * len(starts)  # B
+    def evaluate(self, logits, sample) -> dict:
+        """EM / F1 (NQ: also the long / short answer counts) of the answers the prediction script would give."""
+        predictions = self.task.decode_answers(logits, sample["net_input"]["context"])
         em = f1 = 0.0
-        for row, meta in enumerate(sample["meta"]):
+        for row, (meta, pred) in enumerate(zip(sample["meta"], predictions)):
             # no predicted short answer reads as the empty answer, which is right exactly when there is no gold
             # answer (SQuAD 2.0's rule, and the no-answer path of answer-type data)
             text = ""
-            if kinds[row] == SHORT:
-                text = self.task.answer_text(sample["split"], sample["example_index"][row], starts[row], ends[row])
+            if answer_type_name(pred.answer_type) == "short":
+                text = self.task.answer_text(sample["split"], sample["example_index"][row], pred.start, pred.end)
             row_em = max_over_gold(exact_match, text, meta["answers"] or [""])
             em += row_em
             f1 += max_over_gold(token_f1, text, meta["answers"]) if meta["answers"] else row_em
         scores = {"em_sum": em, "f1_sum": f1, "scored": len(sample["meta"])}
-        if answer_types:
-            scores.update(self.nq_counts(logits, sample, kinds, starts, ends))
+        if "answer_type" in logits:
+            scores.update(nq_counts(sample, predictions))
         return scores
-
-    def nq_counts(self, logits, sample, kinds, starts, ends) -> dict:
-        candidates = paragraph_positions(sample["net_input"]["context"], self.task.paragraph)  # B x P
-        best_paragraph = candidate_log_softmax(logits["paragraph"], candidates).argmax(dim=-1).tolist()  # B
-        counts = dict.fromkeys(NQ_COUNTS, 0)
-        for row, meta in enumerate(sample["meta"]):
-            # NQ's rules in context-token space: a long answer is a paragraph, a short answer a set of spans;
-            # one annotation per binarised example, so one non-null annotation makes the gold answered
-            gold_long = int(sample["long_answer"][row])
-            gold = NQLabel(
-                long_answer=(gold_long, gold_long + 1) if gold_long >= 0 else None,
-                short_answers=[tuple(s) for s in meta["spans"]] if meta["answer_type"] == "short" else (),
-            )
-            pred = NQLabel(
-                long_answer=(best_paragraph[row], best_paragraph[row] + 1) if kinds[row] != NONE else None,
-                short_answers=[(starts[row], ends[row])] if kinds[row] == SHORT else (),
-            )
-            for kind, stat in (("long", score_long([gold], pred, 1)), ("short", score_short([gold], pred, 1))):
-                gold_has, pred_has, correct, _ = stat
-                counts[f"{kind}_gold"] += gold_has
-                counts[f"{kind}_pred"] += pred_has
-                counts[f"{kind}_correct"] += correct
-        return counts
 
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
@@ -136,6 +115,29 @@ class ClusterFormerQACriterion(FairseqCriterion):
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:
         return True
+
+
+def nq_counts(sample, predictions: list[AnswerPrediction]) -> dict:
+    counts = dict.fromkeys(NQ_COUNTS, 0)
+    for row, (meta, pred) in enumerate(zip(sample["meta"], predictions)):
+        # NQ's rules in context-token space: a long answer is a paragraph, a short answer a set of spans;
+        # one annotation per binarised example, so one non-null annotation makes the gold answered
+        gold_long = int(sample["long_answer"][row])
+        gold = NQLabel(
+            long_answer=(gold_long, gold_long + 1) if gold_long >= 0 else None,
+            short_answers=[tuple(s) for s in meta["spans"]] if meta["answer_type"] == "short" else (),
+        )
+        kind = answer_type_name(pred.answer_type)
+        pred_label = NQLabel(
+            long_answer=(pred.paragraph, pred.paragraph + 1) if kind != "none" else None,
+            short_answers=[(pred.start, pred.end)] if kind == "short" else (),
+        )
+        for name, stat in (("long", score_long([gold], pred_label, 1)), ("short", score_short([gold], pred_label, 1))):
+            gold_has, pred_has, correct, _ = stat
+            counts[f"{name}_gold"] += gold_has
+            counts[f"{name}_pred"] += pred_has
+            counts[f"{name}_correct"] += correct
+    return counts
 
 
 def _loss_meter(meters) -> float:

@@ -21,7 +21,7 @@ import torch
 from fairseq.data import FairseqDataset, data_utils
 
 from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit
-from fairseq_clusterformer.modules.qa_heads import ANSWER_TYPES
+from fairseq_clusterformer.data.qa_records import ANSWER_TYPES
 
 logger = logging.getLogger(__name__)
 

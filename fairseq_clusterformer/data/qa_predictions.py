@@ -23,8 +23,15 @@ import numpy as np
 
 from fairseq_clusterformer.data.atomic_files import atomic_open
 from fairseq_clusterformer.data.qa_binarized import span_in_paragraph
+from fairseq_clusterformer.data.qa_records import ANSWER_TYPES
 
 NULL_SPAN = {"start_token": -1, "end_token": -1, "start_byte": -1, "end_byte": -1}
+
+
+def answer_type_name(kind: int | None) -> str:
+    """The answer type a decoded class stands for (``ops.spans.AnswerPrediction.answer_type``); a span-only model
+    (no answer-type head: None) answers every question with its span, a short answer."""
+    return "short" if kind is None else ANSWER_TYPES[kind]
 
 
 def write_squad_predictions(path: str, answers: Mapping[str, str]) -> None:
@@ -83,8 +90,8 @@ def nq_prediction(
     short span); ``long_paragraph`` indexes ``meta["paragraph_starts"]`` (the top-level candidates); ``short_span``
     is an inclusive context token span.
     """
-    if answer_type not in ("none", "long", "short"):
-        raise ValueError(f"answer_type must be none, long or short, got {answer_type!r}")
+    if answer_type not in ANSWER_TYPES:
+        raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, got {answer_type!r}")
     candidates = meta["extra"]["candidates"]
     long_answer, short_answers = dict(NULL_SPAN), []
     if answer_type != "none":

@@ -18,7 +18,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
-ANSWER_TYPES = (None, "none", "long", "short")
+# Natural Questions answer types, in the order of the answer-type head's classes (the dataset's labels index this);
+# a record of a span-only data set has answer_type None
+ANSWER_TYPES = ("none", "long", "short")
 
 
 class RecordError(ValueError):
@@ -76,8 +78,10 @@ class QARecord:
             raise RecordError("empty_context", "the context is empty (no paragraph has any text)")
         if not isinstance(self.answers, list) or not all(isinstance(a, str) for a in self.answers):
             raise RecordError("malformed", "answers must be a list of strings")
-        if self.answer_type not in ANSWER_TYPES:
-            raise RecordError("malformed", f"answer_type must be one of {ANSWER_TYPES}, got {self.answer_type!r}")
+        if self.answer_type is not None and self.answer_type not in ANSWER_TYPES:
+            raise RecordError(
+                "malformed", f"answer_type must be null or one of {ANSWER_TYPES}, got {self.answer_type!r}"
+            )
         if not isinstance(self.long_answer, int) or not -1 <= self.long_answer < len(self.paragraphs):
             raise RecordError("malformed", f"long_answer {self.long_answer!r} is not -1 or a paragraph index")
         if not isinstance(self.extra, dict):

@@ -1,17 +1,15 @@
-"""Output heads of the QA model (paper section 4.2).
+"""Output heads of the QA model (paper section 4.2). Decoding their logits into answers is ``ops/spans.py``'s.
 
 B = batch, K = windows, Q = question block, T = context tokens, C = channels.
 """
 
 from __future__ import annotations
 
-import torch
 from fairseq.models.roberta import RobertaClassificationHead
 from torch import Tensor, nn
 
+from fairseq_clusterformer.data.qa_records import ANSWER_TYPES
 from fairseq_clusterformer.modules.qa_encoder import QAEncoderOut
-
-ANSWER_TYPES = ("none", "long", "short")
 
 
 class QAHeads(nn.Module):
@@ -39,24 +37,3 @@ class QAHeads(nn.Module):
             logits["answer_type"] = self.answer_type(pooled[:, None, :])  # B x 3
             logits["paragraph"] = self.paragraph(out.context)[..., 0]  # B x T
         return logits
-
-
-def span_positions(context: Tensor, pad: int, paragraph: int) -> Tensor:
-    """B x T: True where an answer may start or end (real context tokens, not paragraph markers)."""
-    return context.ne(pad) & context.ne(paragraph)
-
-
-def paragraph_positions(context: Tensor, paragraph: int) -> Tensor:
-    """B x P indices of the paragraph tokens of every row, padded with -1 (P = most paragraphs in the batch)."""
-    is_paragraph = context.eq(paragraph)  # B x T
-    counts = is_paragraph.sum(dim=1)  # B
-    width = max(int(counts.max().item()) if counts.numel() else 0, 1)
-    # a stable sort by "not a paragraph token" lists each row's paragraph positions first, in order
-    order = torch.sort((~is_paragraph).int(), dim=1, stable=True).indices[:, :width]  # B x P
-    keep = torch.arange(width, device=context.device)[None, :] < counts[:, None]  # B x P
-    return torch.where(keep, order, torch.full_like(order, -1))
-
-
-def paragraph_ids(context: Tensor, paragraph: int) -> Tensor:
-    """B x T: how many paragraph tokens come at or before each position (the paragraph a token belongs to)."""
-    return context.eq(paragraph).cumsum(dim=1)

@@ -1,13 +1,39 @@
-"""Answer spans: the marginal likelihood of a set of gold spans, and best-span decoding.
+"""Answer spans: where an answer may lie in a context, the marginal likelihood of a set of gold spans, and the
+answer decoder (best span within one paragraph, answer type, best paragraph) that validation and prediction share.
 
-B = batch, T = context tokens, G = gold spans per example (padded with -1), L = longest answer, P = candidates.
-Spans are inclusive token indices [start, end] into the context.
+B = batch, T = context tokens, G = gold spans per example (padded with -1), L = longest answer, P = candidates
+(paragraphs). Spans are inclusive token indices [start, end] into the context; a context is a run of paragraphs,
+each opening with a paragraph token.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+
+def span_positions(context: Tensor, pad: int, paragraph: int) -> Tensor:
+    """B x T: True where an answer may start or end (real context tokens, not paragraph markers)."""
+    return context.ne(pad) & context.ne(paragraph)
+
+
+def paragraph_positions(context: Tensor, paragraph: int) -> Tensor:
+    """B x P indices of the paragraph tokens of every row, padded with -1 (P = most paragraphs in the batch)."""
+    is_paragraph = context.eq(paragraph)  # B x T
+    counts = is_paragraph.sum(dim=1)  # B
+    width = max(int(counts.max().item()) if counts.numel() else 0, 1)
+    # a stable sort by "not a paragraph token" lists each row's paragraph positions first, in order
+    order = torch.sort((~is_paragraph).int(), dim=1, stable=True).indices[:, :width]  # B x P
+    keep = torch.arange(width, device=context.device)[None, :] < counts[:, None]  # B x P
+    return torch.where(keep, order, torch.full_like(order, -1))
+
+
+def paragraph_ids(context: Tensor, paragraph: int) -> Tensor:
+    """B x T: how many paragraph tokens come at or before each position (the paragraph a token belongs to)."""
+    return context.eq(paragraph).cumsum(dim=1)
 
 
 def at_least_float32(x: Tensor) -> Tensor:
@@ -82,3 +108,46 @@ def candidate_log_softmax(logits: Tensor, positions: Tensor) -> Tensor:
     -inf at padding. Used to rank paragraphs by the logits of their paragraph tokens."""
     picked = logits.gather(1, positions.clamp(min=0))  # B x P
     return masked_log_softmax(picked, positions >= 0)
+
+
+@dataclass(frozen=True)
+class AnswerPrediction:
+    """One question's decoded answer.
+
+    ``answer_type`` is the class the answer-type head picks (an index into the data's answer types), None for a
+    span-only model, which answers every question with its span. ``paragraph`` is the best-ranked paragraph (its
+    index among the context's paragraph tokens) and ``paragraph_score`` its log-probability; both None without the
+    answer-type heads. A context without any valid position gets start = end = 0 and span_score -inf.
+    """
+
+    answer_type: int | None
+    start: int
+    end: int
+    span_score: float
+    paragraph: int | None
+    paragraph_score: float | None
+
+
+def decode_answers(
+    logits: Mapping[str, Tensor], context: Tensor, pad: int, paragraph: int, max_answer_tokens: int
+) -> list[AnswerPrediction]:
+    """The answer of every row of a batch from the QA heads' logits ("start", "end" B x T; with answer types also
+    "answer_type" B x classes and "paragraph" B x T): the best span of at most ``max_answer_tokens`` tokens that
+    neither starts nor ends on padding or a paragraph token and stays inside one paragraph, the argmax answer type
+    and the best paragraph. One function for validation metrics and the prediction script, so they cannot differ."""
+    valid = span_positions(context, pad, paragraph)  # B x T
+    segments = paragraph_ids(context, paragraph)  # B x T
+    starts, ends, scores = best_spans(logits["start"], logits["end"], valid, max_answer_tokens, segments)
+    rows = len(starts)
+    kinds: list[int | None] = [None] * rows
+    paragraphs: list[int | None] = [None] * rows
+    paragraph_scores: list[float | None] = [None] * rows
+    if "answer_type" in logits:
+        kinds = logits["answer_type"].argmax(dim=-1).tolist()
+        log_p = candidate_log_softmax(logits["paragraph"], paragraph_positions(context, paragraph))  # B x P
+        best, at = log_p.max(dim=-1)  # B
+        paragraph_scores, paragraphs = best.tolist(), at.tolist()
+    return [
+        AnswerPrediction(*row)
+        for row in zip(kinds, starts.tolist(), ends.tolist(), scores.tolist(), paragraphs, paragraph_scores)
+    ]

@@ -15,14 +15,19 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Iterator
 
 import torch
 from fairseq import checkpoint_utils, utils
 
-from fairseq_clusterformer.data.qa_predictions import nq_prediction, write_nq_predictions, write_squad_predictions
-from fairseq_clusterformer.modules.qa_heads import ANSWER_TYPES, paragraph_ids, paragraph_positions, span_positions
+from fairseq_clusterformer.data.qa_predictions import (
+    answer_type_name,
+    nq_prediction,
+    write_nq_predictions,
+    write_squad_predictions,
+)
 from fairseq_clusterformer.ops.qa_metrics import NQLabel, nq_label_from_json, nq_scores, squad_scores
-from fairseq_clusterformer.ops.spans import best_spans, candidate_log_softmax
+from fairseq_clusterformer.ops.spans import AnswerPrediction
 
 logger = logging.getLogger("fairseq_clusterformer.qa_predict")
 
@@ -54,8 +59,8 @@ def load(args: argparse.Namespace):
 
 
 @torch.no_grad()
-def predict(model, task, split: str, batch_size: int):
-    """Yield (example index, answer type, start, end, span score, paragraph, paragraph score) per kept question."""
+def predict(model, task, split: str, batch_size: int) -> Iterator[tuple[int, AnswerPrediction]]:
+    """Yield (example index, decoded answer) per kept question, decoded as validation decodes them."""
     task.load_dataset(split)
     dataset = task.dataset(split)
     itr = task.get_batch_iterator(dataset, max_sentences=batch_size).next_epoch_itr(shuffle=False)
@@ -63,27 +68,7 @@ def predict(model, task, split: str, batch_size: int):
     for sample in itr:
         sample = utils.move_to_cuda(sample, device) if device.type == "cuda" else sample
         logits = model(**sample["net_input"])
-        context = sample["net_input"]["context"]
-        valid = span_positions(context, task.dictionary.pad(), task.paragraph)
-        segments = paragraph_ids(context, task.paragraph)  # B x T
-        starts, ends, scores = best_spans(logits["start"], logits["end"], valid, task.cfg.max_answer_tokens, segments)
-        kinds = [ANSWER_TYPES.index("short")] * len(starts)
-        paragraphs = paragraph_scores = [0.0] * len(starts)
-        if "answer_type" in logits:
-            kinds = logits["answer_type"].argmax(dim=-1).tolist()
-            log_p = candidate_log_softmax(logits["paragraph"], paragraph_positions(context, task.paragraph))
-            paragraph_scores, paragraphs = log_p.max(dim=-1)
-            paragraph_scores, paragraphs = paragraph_scores.tolist(), paragraphs.tolist()
-        for row, index in enumerate(sample["example_index"]):
-            yield (
-                index,
-                ANSWER_TYPES[kinds[row]],
-                int(starts[row]),
-                int(ends[row]),
-                float(scores[row]),
-                paragraphs[row],
-                paragraph_scores[row],
-            )
+        yield from zip(sample["example_index"], task.decode_answers(logits, sample["net_input"]["context"]))
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
@@ -92,17 +77,24 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     results = list(predict(model, task, args.split, args.batch_size))
     print(f"| {task.dataset(args.split).report()}")
     if not task.answer_types:
-        answers = {data.metas[i]["id"]: data.span_text(i, start, end) for i, _, start, end, *_ in results}
+        answers = {data.metas[i]["id"]: data.span_text(i, pred.start, pred.end) for i, pred in results}
         write_squad_predictions(args.output, answers)
         scores = squad_scores({meta["id"]: meta["answers"] for meta in data.metas}, answers)
         print(f"| {args.split}: {len(answers)} of {len(data)} questions answered -> {args.output}")
         print(f"| EM {scores['exact_match']:.2f} | F1 {scores['f1']:.2f}")
         return scores
     predictions = {}
-    for i, kind, start, end, span_score, paragraph, paragraph_score in results:
+    for i, pred in results:
         example = data[i]
         predictions[data.metas[i]["extra"]["example_id"]] = nq_prediction(
-            data.tokenizer, example.context, example.meta, kind, paragraph, paragraph_score, (start, end), span_score
+            data.tokenizer,
+            example.context,
+            example.meta,
+            answer_type_name(pred.answer_type),
+            pred.paragraph,
+            pred.paragraph_score,
+            (pred.start, pred.end),
+            pred.span_score,
         )
     write_nq_predictions(args.output, list(predictions.values()))
     golds = {

@@ -21,6 +21,7 @@ from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit, span_text
 from fairseq_clusterformer.data.qa_dataset import CONTEXT_OVERFLOW, QADataset, QALimits
 from fairseq_clusterformer.data.qa_encode import MAX_QUESTION_TOKENS
 from fairseq_clusterformer.data.qa_tokenizers import PARAGRAPH_TOKEN
+from fairseq_clusterformer.ops.spans import AnswerPrediction, decode_answers
 from fairseq_clusterformer.tasks.centroid_hooks import CentroidRefreshHooks, MemoryBankConfig
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,11 @@ class ClusterFormerQATask(CentroidRefreshHooks, FairseqTask):
             else:
                 cfg.roberta_path = None
         return super().build_model(cfg, from_checkpoint)
+
+    def decode_answers(self, logits, context) -> list[AnswerPrediction]:
+        """The answers of a batch (the model's logits, its B x T context) under this task's dictionary and
+        --max-answer-tokens: what validation scores and fairseq-clusterformer-qa-predict writes."""
+        return decode_answers(logits, context, self.dictionary.pad(), self.paragraph, self.cfg.max_answer_tokens)
 
     def answer_text(self, split: str, example_index: int, start: int, end: int) -> str:
         """Text of the inclusive context token span [start, end] of one example of a loaded split."""
