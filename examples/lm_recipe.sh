@@ -39,8 +39,8 @@ options_help() {
   --dry-run   print the command and exit
   -h, --help  this text
 
-The presets' values are those of examples/compare.sh (fairseq_clusterformer/scripts/compare_presets.py);
---dry-run prints the command they make.
+The presets' values are those of examples/compare.sh (fairseq_clusterformer/scripts/compare_presets.py, read
+with \$PYTHON, default python); --dry-run prints the command they make.
 
 USAGE
 }
