@@ -29,10 +29,11 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$(dirname "$here")")"
 
 if ((SMALL)); then
+    # a window is <s> question </s></s> + 64 context tokens, within the tiny model's 128 positions: 61-token questions
     ARCH="${ARCH:-clusterformer_qa_tiny}" LR="${LR:-1e-3}" WARMUP="${WARMUP:-200}" UPDATES="${UPDATES:-2000}"
     BATCH="${BATCH:-8}" MAX_SENTENCES="${MAX_SENTENCES:-8}" WINDOW="${WINDOW:-64}" STRIDE="${STRIDE:-48}"
     CLUSTERS="${CLUSTERS:-16}" MAX_CONTEXT_TRAIN="${MAX_CONTEXT_TRAIN:-2048}" MEMORY="${MEMORY:-20000}"
-    KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MAX_QUESTION="${MAX_QUESTION:-62}" ROBERTA="${ROBERTA:-}"
+    KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MAX_QUESTION="${MAX_QUESTION:-61}" ROBERTA="${ROBERTA:-}"
     CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-truncate}" DEVICE=(--cpu)
 else
     ARCH="${ARCH:-clusterformer_qa_large}" LR="${LR:-5e-5}" WARMUP="${WARMUP:-2220}" UPDATES="${UPDATES:-22200}"

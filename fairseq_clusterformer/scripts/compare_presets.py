@@ -1,13 +1,20 @@
-"""The rows of the paper's Table 3, the scales the comparison runs at, and the fairseq command lines they make.
+"""The presets (tiny / small / paper, per level), the rows of the paper's Table 3, and the fairseq command lines.
 
-Every row of one level runs the same scale: the same layers, dimensions, data, batches and updates; only the
-long-range layers' kind, cluster count and causality differ. The long-range layers carry no extra parameters
-(centroids and LSH rotations are buffers), so every row has the same parameter count.
+The one place where the presets' settings live: compare_lm runs every row at a preset, and the recipes
+examples/{wikitext103,enwik8}/{train,eval}.sh read their defaults from this file's command line (``--shell``), so the
+two cannot drift apart. Every row of one level runs the same scale: the same layers, dimensions, data, batches and
+updates; only the long-range layers' kind, cluster count and causality differ. The long-range layers carry no extra
+parameters (centroids and LSH rotations are buffers), so every row has the same parameter count.
+
+    python fairseq_clusterformer/scripts/compare_presets.py --preset small --level word --print-flags
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import argparse
+import shlex
+import sys
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
@@ -64,7 +71,10 @@ class Scale:
     memory_size: int
     refresh_interval: int  # --cluster-update-interval
     kmeans_iters: int
+    clusters: int  # the recipes' --num-clusters unless CLUSTERS is set (compare_lm's rows bring their own)
+    log_interval: int
     context_window: int  # fairseq-eval-lm --context-window
+    eval_max_tokens: int  # the recipes' fairseq-eval-lm --max-tokens: tokens per evaluation batch
     criterion: str = "cross_entropy"
     model_dims: bool = True  # pass the dimensions explicitly (False: the named architecture's own)
 
@@ -90,7 +100,10 @@ TINY = Scale(
     memory_size=2000,
     refresh_interval=2,
     kmeans_iters=5,
+    clusters=16,
+    log_interval=50,
     context_window=64,
+    eval_max_tokens=512,
 )
 
 # 6 layers, long-range layers 4 and 6, segments of many windows: the five sliding-window layers below layer 6 reach
@@ -113,7 +126,9 @@ SMALL = replace(
     memory_size=20_000,
     refresh_interval=50,
     kmeans_iters=10,
+    clusters=64,
     context_window=512,
+    eval_max_tokens=4096,
 )
 
 # paper section 4.2: 16 layers, 8 heads, long-range layers 11 and 15, 3,072-token segments, window 256, stride 128,
@@ -139,16 +154,22 @@ PAPER = replace(
     memory_size=100_000,
     refresh_interval=2000,
     kmeans_iters=20,
+    clusters=512,
+    log_interval=100,
     context_window=2560,
+    eval_max_tokens=3072,
     criterion="adaptive_loss",
     model_dims=False,
 )
 
 
+# character level: twice the bytes per segment at small scale; the paper's enwik8 model is 512 dims wide, tied
+CHAR_SMALL = replace(SMALL, tokens=2048, window=128, stride=64, context_window=1024, eval_max_tokens=8192)
+CHAR_PAPER = replace(PAPER, arch="clusterformer_lm_enwik8", embed_dim=512, ffn_dim=2048, criterion="cross_entropy")
 PRESETS: dict[str, dict[str, Scale]] = {
     "tiny": {"word": TINY, "char": TINY},
-    "small": {"word": SMALL, "char": replace(SMALL, tokens=2048, window=128, stride=64, context_window=1024)},
-    "paper": {"word": PAPER, "char": replace(PAPER, arch="clusterformer_lm_enwik8", criterion="cross_entropy")},
+    "small": {"word": SMALL, "char": CHAR_SMALL},
+    "paper": {"word": PAPER, "char": CHAR_PAPER},
 }
 
 
@@ -161,9 +182,9 @@ def flags(**values: object) -> list[str]:
     return args
 
 
-def train_args(row: Row, scale: Scale, data_bin: Path, save_dir: Path, user_dir: Path, seed: int = 1) -> list[str]:
-    """fairseq-train's arguments for one row (after the program name)."""
-    args = [str(data_bin), *flags(user_dir=user_dir, task="clusterformer_lm", arch=scale.arch)]
+def setting_flags(row: Row, scale: Scale) -> list[str]:
+    """The preset's task, model and schedule as fairseq-train flags: what compare_lm and the recipes both run."""
+    args = flags(task="clusterformer_lm", arch=scale.arch)
     if scale.model_dims:
         args += flags(
             decoder_layers=scale.layers,
@@ -194,21 +215,32 @@ def train_args(row: Row, scale: Scale, data_bin: Path, save_dir: Path, user_dir:
         memory_size=scale.memory_size,
         cluster_update_interval=scale.refresh_interval,
         kmeans_iters=scale.kmeans_iters,
-        # validate and save once, at the end: every row is scored after the same number of updates
-        validate_interval=1_000_000,
-        save_interval=1_000_000,
-        no_epoch_checkpoints=True,
-        save_dir=save_dir,
-        num_workers=0,
-        log_format="simple",
-        log_interval=50,
-        seed=seed,
     )
     if row.clusters:
         args += flags(num_clusters=row.clusters)
     if scale.optimizer == "adam":
         args += flags(adam_betas="(0.9, 0.98)")
     return args
+
+
+def train_args(row: Row, scale: Scale, data_bin: Path, save_dir: Path, user_dir: Path, seed: int = 1) -> list[str]:
+    """fairseq-train's arguments for one row of the comparison (after the program name)."""
+    return [
+        str(data_bin),
+        *flags(user_dir=user_dir),
+        *setting_flags(row, scale),
+        *flags(
+            # validate and save once, at the end: every row is scored after the same number of updates
+            validate_interval=1_000_000,
+            save_interval=1_000_000,
+            no_epoch_checkpoints=True,
+            save_dir=save_dir,
+            num_workers=0,
+            log_format="simple",
+            log_interval=scale.log_interval,
+            seed=seed,
+        ),
+    ]
 
 
 def eval_args(scale: Scale, data_bin: Path, checkpoint: Path, user_dir: Path) -> list[str]:
@@ -226,3 +258,41 @@ def eval_args(scale: Scale, data_bin: Path, checkpoint: Path, user_dir: Path) ->
             softmax_batch=1024,
         ),
     ]
+
+
+def recipe_row(scale: Scale, kind: str = "cluster", clusters: int | None = None, causality: str = "strict") -> Row:
+    """The one row a recipe trains: by default Cluster-Former with the preset's cluster count, strictly causal."""
+    count = scale.clusters if clusters is None else clusters
+    return Row("recipe", f"{kind}, {count} clusters, {causality}", kind, count, causality)
+
+
+def shell_assignments(scale: Scale) -> list[str]:
+    """preset_<setting>=<value> for every setting, quoted for bash's eval; True / False as 1 / 0."""
+    return [
+        f"preset_{name}={shlex.quote(str(int(value) if isinstance(value, bool) else value))}"
+        for name, value in asdict(scale).items()
+    ]
+
+
+def cli_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The LM presets' settings, as fairseq-train flags or shell lines.")
+    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--level", choices=sorted(LEVELS), required=True, help="word (WikiText) or char (enwik8)")
+    parser.add_argument("--kind", choices=("cluster", "lsh", "sparse", "none"), default="cluster")
+    parser.add_argument("--clusters", type=int, help="clusters or LSH buckets (default: the preset's)")
+    parser.add_argument("--causality", choices=("strict", "paper"), default="strict")
+    output = parser.add_mutually_exclusive_group(required=True)
+    output.add_argument("--print-flags", action="store_true", help="fairseq-train's flags, one token per line")
+    output.add_argument("--shell", action="store_true", help="preset_<setting>=<value> lines, read by the recipes")
+    args = parser.parse_args(argv)
+    scale = PRESETS[args.preset][args.level]
+    if args.shell:
+        lines = shell_assignments(scale)
+    else:
+        lines = setting_flags(recipe_row(scale, args.kind, args.clusters, args.causality), scale)
+    sys.stdout.write("".join(line + "\n" for line in lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main())
