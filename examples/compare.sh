@@ -15,8 +15,8 @@ writes DIR/results.md (metric, wall time and parameter count per row, and the ex
 skipped, so an interrupted run is resumed by running the same command again.
 
 Defaults: --preset small, --work compare-work/<preset>, --threads 2 (OMP_NUM_THREADS of every fairseq process);
-word level trains on ../shared/data/wikitext-2/valid.txt and evaluates on ../shared/data/wikitext-2/test.txt (cut
-between articles into valid and test halves); character level reads ../shared/data/tinyshakespeare/input.txt as
+word level trains on examples/data/wikitext-2/valid.txt and evaluates on examples/data/wikitext-2/test.txt (cut
+between articles into valid and test halves); character level reads examples/data/tinyshakespeare/input.txt as
 bytes, split 90 % / 5 % / 5 % as enwik8 is. For the paper preset pass --word-data-bin / --char-data-bin made by
 examples/wikitext103/prepare.sh and examples/enwik8/prepare.sh.
 
