@@ -22,7 +22,7 @@ FORBIDDEN = {
     "a folder beside the clone": re.compile(r"\.\./shared\b"),
     "the development data folder": re.compile(r"\bshared[/\\]data\b"),
     "a path joined onto a folder beside the clone": re.compile(r"""/\s*["']shared["']"""),
-    "the design notes": re.compile(r"\bDESIG[N]\b"),
+    "the planning notes": re.compile(r"\bDESIG[N]\b"),
     "the style notes": re.compile(r"\bSTYLE\.md\b"),
     "the QA format notes": re.compile(r"\bQA_FORMAT[S]\b"),
     "an issue number": re.compile(r"\b[Ii]ssue\s*#?\d+"),
@@ -94,7 +94,13 @@ def test_no_tracked_file_points_outside_the_repository():
 
 def test_the_scan_finds_each_kind_of_reference():
     # assembled from pieces so that this file itself stays clean
-    lines = ["../" + "shared/data/x", "REPO.parent / " + '"shared"', "DESI" + "GN.md", "STYLE" + ".md"]
+    quote = chr(34)
+    lines = [
+        "../" + "shared/" + "data/x",
+        f"REPO.parent / {quote}shared{quote}",
+        "DESI" + "GN.md",
+        "STYLE" + ".md",
+    ]
     lines += ["QA_FOR" + "MATS.md", "(iss" + "ue 5, item 1)", "Iss" + "ue #12"]
     hits = forbidden_hits("\n".join(["clean line", *lines]), "made-up.md")
     assert [int(hit.split(":")[1]) for hit in hits] == list(range(2, 2 + len(lines))), hits
