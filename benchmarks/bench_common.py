@@ -168,10 +168,7 @@ def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
 
 
 REPO = Path(__file__).resolve().parent.parent
-CHAR_SOURCES = (
-    REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt",
-    REPO / "examples" / "data" / "tinyshakespeare-slice" / "train.txt",
-)
+CHAR_SOURCE = REPO / "examples" / "data" / "tinyshakespeare" / "input.txt"
 
 
 def console_script(name: str) -> str:
@@ -187,9 +184,8 @@ def prepare_char_data(work_dir: Path, held_out_bytes: int = 55_000) -> Path:
     dest = work_dir / "chars-bin"
     if (dest / "train.bin").exists() and (dest / "test.bin").exists():
         return dest
-    source = next((p for p in CHAR_SOURCES if p.exists()), None)
-    if source is None:
-        raise FileNotFoundError(f"no character-level text found at {' or '.join(map(str, CHAR_SOURCES))}")
+    if not CHAR_SOURCE.is_file():
+        raise FileNotFoundError(f"no character-level text at {CHAR_SOURCE}")
     text = work_dir / "chars-text"
     subprocess.run(
         [
@@ -197,7 +193,7 @@ def prepare_char_data(work_dir: Path, held_out_bytes: int = 55_000) -> Path:
             "-m",
             "fairseq_clusterformer.scripts.prepare_enwik8",
             "--input",
-            str(source),
+            str(CHAR_SOURCE),
             "--out-dir",
             str(text),
             "--valid-bytes",

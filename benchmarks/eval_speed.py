@@ -1,4 +1,4 @@
-"""fairseq-eval-lm tokens/s of a Cluster-Former LM against the sliding-window LM (issue 5, benchmark 4).
+"""fairseq-eval-lm tokens/s of a Cluster-Former LM against the sliding-window LM.
 
 T = tokens per evaluated block, W = context window.
 

@@ -1,4 +1,4 @@
-"""Centroid refresh time and the training stall it causes (issue 5, benchmark 3).
+"""Centroid refresh time and the training stall it causes.
 
 N = banked states, C = model dim, P = clusters.
 

@@ -1,4 +1,4 @@
-"""Forward+backward time and peak memory of ONE layer against sequence length (issue 5, benchmark 1).
+"""Forward+backward time and peak memory of ONE layer against sequence length.
 
 B = batch (1), T = tokens, C = channels, H = heads, F = FFN dim.
 

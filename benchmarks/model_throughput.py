@@ -1,5 +1,4 @@
-"""Training tokens/s and peak memory of whole language models through fairseq's own training step (issue 5,
-benchmark 2).
+"""Training tokens/s and peak memory of whole language models through fairseq's own training step.
 
 T = tokens per sample, C = model dim, F = FFN dim, H = heads, l = window size.
 

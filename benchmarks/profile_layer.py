@@ -1,4 +1,4 @@
-"""Where one layer's forward+backward time goes, against what this machine can do (issue 5: explain missed targets).
+"""Where one layer's forward+backward time goes, against what this machine can do: why a layer misses a time target.
 
 T = tokens, C = channels. Builds layers exactly as ``layer_scaling.py`` does (same flags), runs one warm-up and one
 profiled forward+backward pass per kind under ``torch.profiler`` (one thread), and writes per operator: calls, self

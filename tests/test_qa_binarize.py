@@ -24,10 +24,9 @@ from fairseq_clusterformer.data.qa_tokenizers import GPT2BPETokenizer, SentenceP
 from fairseq_clusterformer.ops.qa_metrics import nq_label_from_json, nq_scores, squad_scores
 from fairseq_clusterformer.scripts import qa_binarize, qa_convert
 from tests.conftest import run_ok
-from tests.test_qa_convert import SHARED, nq_example
+from tests.test_qa_convert import DATA, nq_example
 
-GPT2 = SHARED / "gpt2_bpe"
-needs_gpt2 = pytest.mark.skipif(not (GPT2 / "encoder.json").is_file(), reason="../shared/data/gpt2_bpe is not here")
+GPT2 = DATA / "gpt2_bpe"
 GPT2_FLAGS = [
     "--tokenizer",
     "gpt2",
@@ -96,8 +95,6 @@ def write_jsonl(path, records):
 
 @pytest.fixture(scope="module")
 def gpt2():
-    if not (GPT2 / "encoder.json").is_file():
-        pytest.skip("../shared/data/gpt2_bpe is not here")
     dictionary = Dictionary.load(str(GPT2 / "dict.txt"))
     add_paragraph_token(dictionary)
     return GPT2BPETokenizer(str(GPT2 / "encoder.json"), str(GPT2 / "vocab.bpe"), dictionary)
@@ -132,10 +129,9 @@ def spm_tokenizer(model):
     return SentencePieceTokenizer(str(model), dictionary)
 
 
-@needs_gpt2
 def test_gpt2_tokens_are_fairseqs(gpt2):
     ids, lengths = gpt2.encode("Hello world")
-    # fairseq's RoBERTa encodes "Hello world" as <s> 31414 232 </s> (../shared/data/README.md)
+    # fairseq's RoBERTa encodes "Hello world" as <s> 31414 232 </s>
     assert ids.tolist() == [31414, 232] and lengths.tolist() == [5, 6]
     assert gpt2.decode(ids) == "Hello world"
     for text in TRICKY:
@@ -164,7 +160,6 @@ def check_span_property(tokenizer, data):
     assert decoded.endswith(text[start:end]) and not decoded[: len(decoded) - (end - start)].strip()
 
 
-@needs_gpt2
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_every_char_span_maps_to_tokens_that_decode_to_it_gpt2(gpt2, data):
@@ -201,7 +196,6 @@ def check_split(data_dir, split, expected):
     return data, spans
 
 
-@needs_gpt2
 def test_binarize_gpt2_tricky_spans_exact(tmp_path):
     records = write_jsonl(tmp_path / "train.jsonl", [tricky_record(), tricky_record("r1", TRICKY_SPANS[3:5])])
     out = run_ok("fairseq-clusterformer-qa-binarize", *GPT2_FLAGS, "--train", records, "--destdir", tmp_path / "bin")
@@ -253,7 +247,6 @@ def test_binarize_sentencepiece(tmp_path, spm_model):
     assert [data.span_text(0, *s) for s in data[0].meta["spans"]] == ["Phobos", "phobos", "THE", "the"]
 
 
-@needs_gpt2
 def test_bad_input_is_skipped_counted_and_named(tmp_path):
     good = tricky_record("good")
     mismatch = QARecord(id="shifted", question="q?", paragraphs=["abc def"], answers=["def"], spans=[[0, 3, 6]])
@@ -323,14 +316,12 @@ def test_bad_input_is_skipped_counted_and_named(tmp_path):
     assert code == 1 and "--tokenizer gpt2 needs --encoder-json" in text
 
 
-@needs_gpt2
-@pytest.mark.skipif(not (SHARED / "squad").is_dir(), reason="../shared/data/squad is not here")
 def test_real_squad_v2_sample_binarizes_exactly(tmp_path):
     records = tmp_path / "sq2.jsonl"
     convert_ok(
         "--format",
         "squad",
-        SHARED / "squad" / "dev-v2.0.first5articles_san_mrc.json",
+        DATA / "squad" / "dev-v2.0.first5articles_san_mrc.json",
         records,
     )
     binarize_ok(*GPT2_FLAGS, "--train", records, "--valid", records, "--destdir", tmp_path / "bin")
@@ -346,7 +337,6 @@ def test_real_squad_v2_sample_binarizes_exactly(tmp_path):
     assert squad_scores(golds, read_back, version="2.0") == {"exact_match": 100.0, "f1": 100.0}
 
 
-@needs_gpt2
 def test_nq_gold_spans_round_trip_to_official_predictions(tmp_path, gpt2):
     src = tmp_path / "nq.jsonl.gz"
     null = {
@@ -473,7 +463,6 @@ def test_binariser_cuts_only_training_splits_and_scores_original_text(tmp_path, 
         assert scores["exact_match"] == em and scores["f1"] == pytest.approx(f1)
 
 
-@needs_gpt2
 def test_span_text_gives_whole_characters_of_the_context(gpt2):
     text = "Tokyo (東京) is big 🙂🙂 too."
     ids = gpt2.encode(text)[0]

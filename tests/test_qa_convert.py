@@ -1,5 +1,5 @@
 """Converters: small samples written here in each data set's published format (the data sets' own documentation; the
-examples are made up in the published shape), the real SQuAD files when ../shared/data is there, and bad input."""
+examples are made up in the published shape), the real SQuAD files committed in examples/data/squad, and bad input."""
 
 import gzip
 import json
@@ -14,7 +14,7 @@ from fairseq_clusterformer.data.qa_records import SkipLog, read_records
 from fairseq_clusterformer.scripts import qa_convert
 from tests.conftest import REPO, run_cli, run_ok
 
-SHARED = Path(os.environ.get("CLUSTERFORMER_SHARED_DATA", REPO.parent / "shared" / "data"))
+DATA = REPO / "examples" / "data"
 
 
 def convert(fmt, src, out, *extra):
@@ -124,14 +124,13 @@ def test_squad_article_slice_and_bad_files(tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".none.jsonl.tmp*"))
 
 
-@pytest.mark.skipif(not (SHARED / "squad").is_dir(), reason="../shared/data/squad is not here")
 def test_real_squad_v2_sample(tmp_path):
     out = tmp_path / "sq2.jsonl"
     text = run_ok(
         "fairseq-clusterformer-qa-convert",
         "--format",
         "squad",
-        SHARED / "squad" / "dev-v2.0.first5articles_san_mrc.json",
+        DATA / "squad" / "dev-v2.0.first5articles_san_mrc.json",
         out,
     )
     assert "kept 1407 examples; skipped none" in text

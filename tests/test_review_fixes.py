@@ -1,4 +1,4 @@
-"""Small correctness fixes from review (issue 13, item 5): each with the test that shows it."""
+"""Small correctness fixes found in review, each with the test that shows it."""
 
 import inspect
 import os

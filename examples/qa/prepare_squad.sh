@@ -4,7 +4,8 @@
 #       [--spm-vocab N]
 # --data DIR: use DIR/train-vV.json and DIR/dev-vV.json instead of downloading them.
 # --split-dev N: no training file; the first N articles of dev-vV.json are the train split, the rest valid
-#   (e.g. --data examples/data/squad --split-dev 40 for the 48-article v1.1 dev set in this repository).
+#   (e.g. --data examples/data/squad --split-dev 40 --bpe-dir examples/data/gpt2_bpe for the committed
+#   48-article v1.1 dev set and GPT-2 BPE).
 NAME=squad VERSION=1.1 SPLIT_DEV=""
 handle_flag() {
     case "$1" in --version) VERSION="$2" ;; --split-dev) SPLIT_DEV="$2" ;; *) return 1 ;; esac

@@ -31,7 +31,13 @@ from fairseq_clusterformer.scripts.compare_presets import LEVELS, PRESETS, ROWS,
 from fairseq_clusterformer.scripts.prepare_enwik8 import split_bytes, write_splits
 
 PACKAGE = Path(__file__).resolve().parent.parent
-SHARED_DATA = PACKAGE.parent.parent / "shared" / "data"
+# the committed data of a clone; a package installed without the repository has no examples/ (see missing_file)
+EXAMPLE_DATA = PACKAGE.parent / "examples" / "data"
+DEFAULT_DATA = {
+    "--word-train": EXAMPLE_DATA / "wikitext-2" / "valid.txt",
+    "--word-eval": EXAMPLE_DATA / "wikitext-2" / "test.txt",
+    "--char-text": EXAMPLE_DATA / "tinyshakespeare" / "input.txt",
+}
 BIN = Path(sys.executable).parent
 
 
@@ -42,6 +48,16 @@ def tool(name: str) -> str:
     if found is None:
         raise FileNotFoundError(f"{name} not found beside {sys.executable} or on PATH: install fairseq")
     return found
+
+
+def missing_file(flag: str, path: Path) -> FileNotFoundError:
+    """The error for a text file that is not there, saying which flag to pass when it was the default."""
+    if path == DEFAULT_DATA.get(flag):
+        return FileNotFoundError(
+            f"{flag}: the default {path} is not here (it is committed in a clone of the repository, under "
+            f"examples/data/; an installed package does not have it): pass {flag} FILE"
+        )
+    return FileNotFoundError(f"{flag} {path}: no such file")
 
 
 def split_at_article(lines: list[str]) -> int:
@@ -80,7 +96,7 @@ def prepare_word(train: Path, evaluation: Path, level_dir: Path) -> Path:
     """Train on ``train``; split ``evaluation`` at an article boundary into valid (first half) and test (second)."""
     for flag, path in (("--word-train", train), ("--word-eval", evaluation)):
         if not path.is_file():
-            raise FileNotFoundError(f"{flag} {path}: no such file")
+            raise missing_file(flag, path)
     text = level_dir / "text"
     text.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(train, text / "train.txt")
@@ -94,7 +110,7 @@ def prepare_word(train: Path, evaluation: Path, level_dir: Path) -> Path:
 def prepare_char(source: Path, level_dir: Path) -> Path:
     """Read ``source`` as bytes and split it as enwik8 is split: 90 % / 5 % / 5 %, one token per byte."""
     if not source.is_file():
-        raise FileNotFoundError(f"--char-text {source}: no such file")
+        raise missing_file("--char-text", source)
     data = source.read_bytes()
     held_out = max(1, len(data) // 20)
     write_splits(split_bytes(data, held_out, held_out), level_dir / "text")
@@ -262,9 +278,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS for every fairseq process")
     parser.add_argument("--updates", type=int, default=0, help="override the preset's updates (every row alike)")
     parser.add_argument("--seeds", default="1", help="comma-separated fairseq seeds; every row runs once per seed")
-    parser.add_argument("--word-train", type=Path, default=SHARED_DATA / "wikitext-2" / "valid.txt")
-    parser.add_argument("--word-eval", type=Path, default=SHARED_DATA / "wikitext-2" / "test.txt")
-    parser.add_argument("--char-text", type=Path, default=SHARED_DATA / "tinyshakespeare" / "input.txt")
+    for flag, default in DEFAULT_DATA.items():
+        parser.add_argument(flag, type=Path, default=default, help="text file (default: %(default)s)")
     parser.add_argument("--word-data-bin", type=Path, help="already binarised word-level data (e.g. WikiText-103)")
     parser.add_argument("--char-data-bin", type=Path, help="already binarised byte-level data (e.g. enwik8)")
     parser.add_argument("--list-rows", action="store_true", help="print the row keys and exit")
