@@ -1,9 +1,16 @@
 """Bad files and flags end in an error that names the file (or flag) at fault, never a bare library error."""
 
+from argparse import Namespace
+
 import pytest
 import torch
 from fairseq.data import Dictionary
 
+from fairseq_clusterformer.modules.baseline_layers import LSHLayer
+from fairseq_clusterformer.modules.centroid_refresh import RefreshSettings
+from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
+from fairseq_clusterformer.modules.layer_settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.tasks.centroid_hooks import refresh_settings
 from fairseq_clusterformer.tasks.checkpoint_files import (
     check_checkpoint_file,
     check_dictionary,
@@ -41,6 +48,49 @@ def test_dictionary_mismatch_is_explained():
         check_dictionary(saved, other, "data/dict.txt")
     with pytest.raises(ValueError, match="in a different order or spelling than data/dict.txt"):
         check_dictionary(saved, shuffled, "data/dict.txt")
+
+
+LAYER = LayerSettings(8, 16, 2, 4, 2)
+BAD_SETTINGS = {
+    "--window-stride": lambda: LayerSettings(8, 16, 2, 4, 4),
+    "--window-size": lambda: LayerSettings(8, 16, 2, 0, 1),
+    "--window-merge": lambda: LayerSettings(8, 16, 2, 4, 2, window_merge="token"),
+    "--decoder-attention-heads": lambda: LayerSettings(8, 16, 3, 4, 2),
+    "--long-range-layer": lambda: LongRangePlan(frozenset({1}), "kmeans"),
+    "--cluster-causality": lambda: LongRangePlan(frozenset({1}), causality="future"),
+    "--num-clusters": lambda: LongRangePlan(frozenset({1}), "lsh", 15),
+    "--cluster-groups": lambda: LongRangePlan(frozenset({1}), band_groups=0),
+    "--memory-size": lambda: RefreshSettings(memory_size=0),
+    "--kmeans-iters": lambda: RefreshSettings(iters=0),
+    "--cluster-update-interval": lambda: RefreshSettings(interval=-1),
+    "--memory-sample-per-batch": lambda: RefreshSettings(sample_per_batch=-2),
+    "--kmeans-swap-delay": lambda: RefreshSettings(swap_delay=-1),
+    "--kmeans-backend": lambda: RefreshSettings(backend="kmcuda"),
+}
+
+
+@pytest.mark.parametrize("flag", BAD_SETTINGS)
+def test_every_bad_setting_names_its_flag(flag):
+    with pytest.raises(ValueError, match=flag):
+        BAD_SETTINGS[flag]()
+
+
+def test_a_layer_built_on_its_own_is_checked_like_a_model_plan():
+    ClusterFormerLayer(LAYER, 4, "paper", 3)  # good values pass
+    with pytest.raises(ValueError, match="--cluster-causality"):
+        ClusterFormerLayer(LAYER, 4, "future")
+    with pytest.raises(ValueError, match="--cluster-groups"):
+        ClusterFormerLayer(LAYER, 4, "strict", 0)
+    with pytest.raises(ValueError, match="--num-clusters"):
+        LSHLayer(LAYER, 5)
+
+
+def test_the_task_flags_are_checked_by_the_refresh_settings():
+    flags = {"memory_size": 100, "cluster_update_interval": 0, "kmeans_iters": 5, "memory_sample_per_batch": 0}
+    good = Namespace(**flags, kmeans_backend="torch", seed=1, kmeans_swap_delay=0)
+    assert refresh_settings(good).memory_size == 100
+    with pytest.raises(ValueError, match="--kmeans-swap-delay must be >= 0, got -3"):
+        refresh_settings(Namespace(**{**vars(good), "kmeans_swap_delay": -3}))
 
 
 TRAIN = [*TINY_LM_TRAIN, "--memory-size", "2000", "--no-epoch-checkpoints"]

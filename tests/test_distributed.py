@@ -1,4 +1,5 @@
-"""Two ranks over gloo on CPU: identical banks and centroids on every rank, equal to one process's."""
+"""Two ranks over gloo on CPU: rank 0 alone holds the memory banks, equal to one process's, every rank the same
+centroids; a run saved on two ranks resumes exactly on one, and a run saved by one process on two."""
 
 import torch
 import torch.distributed as dist
@@ -9,6 +10,7 @@ from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings
 
 CLUSTERS, DIM, UPDATES = 4, 8, 4
+SAVED_AT = 2  # the checkpoint is taken before this update, as fairseq saves after the update before it
 
 
 def rank_states(rank, update):
@@ -29,34 +31,21 @@ def make(delay):
     return layer, refresher
 
 
-def run(layer, refresher, parts_of_update):
-    """Updates 0..UPDATES-1; `parts_of_update(u)` gives the micro-batches this process runs in update u."""
+def run(layer, refresher, parts_of_update, updates):
+    """`parts_of_update(u)` gives the micro-batches this process runs in update u; returns the centroids after each."""
     history = []
-    for update in range(UPDATES):
+    for update in updates:
         refresher.before_step(update)
         for states, dummy in parts_of_update(update):
             layer(states)
             refresher.commit(discard=dummy)
         history.append(layer.centroids.clone())
-    return torch.stack(history), refresher.banks[0].contents(), refresher.banks[0].num_nonfinite_dropped
+    return torch.stack(history)
 
 
-def worker(rank, init_file, delay, results):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    torch.manual_seed(rank)  # different initial centroids per rank, on purpose
-    layer, refresher = make(delay)
+def rank_parts(rank):
     # in the last update rank 1 has run out of data and runs fairseq's dummy batch (ignore_grad): no states banked
-    history, bank, dropped = run(layer, refresher, lambda u: [(rank_states(rank, u), rank == 1 and u == UPDATES - 1)])
-    results.put((rank, history.tolist(), bank.tolist(), dropped))
-    dist.destroy_process_group()
-
-
-def two_ranks(tmp_path, delay):
-    tmp_path.mkdir()
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    mp.start_processes(worker, args=(str(tmp_path / "init"), delay, results), nprocs=2, start_method="spawn")
-    return dict((r[0], r[1:]) for r in (results.get(), results.get()))
+    return lambda update: [(rank_states(rank, update), rank == 1 and update == UPDATES - 1)]
 
 
 def one_process_parts(update):
@@ -65,15 +54,78 @@ def one_process_parts(update):
     return parts if update == UPDATES - 1 else parts + [(rank_states(1, update), False)]
 
 
-def test_two_ranks_hold_identical_banks_and_centroids_equal_to_one_process(tmp_path):
+def checkpoint(layer, refresher):
+    """What fairseq saves: the model (with the centroids) and the task's refresher state."""
+    return {"model": layer.state_dict(), "refresher": refresher.state_dict()}
+
+
+def resumed(delay, saved):
+    layer, refresher = make(delay)
+    layer.load_state_dict(saved["model"])
+    refresher.load_state_dict(saved["refresher"])
+    return layer, refresher
+
+
+def bank_facts(refresher):
+    bank = refresher.banks[0]
+    return {
+        "rows": bank.contents(),
+        "allocated": bank.dim is not None,
+        "generator": bank.state_dict()["generator"],
+        "dropped": bank.num_nonfinite_dropped,
+    }
+
+
+def worker(rank, folder, delay):
+    dist.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=2)
+    torch.manual_seed(rank)  # different initial centroids per rank, on purpose
+    layer, refresher = make(delay)
+    history = run(layer, refresher, rank_parts(rank), range(SAVED_AT))
+    if rank == 0:  # fairseq saves on rank 0 only
+        torch.save(checkpoint(layer, refresher), f"{folder}/two_ranks_checkpoint.pt")
+    history = torch.cat([history, run(layer, refresher, rank_parts(rank), range(SAVED_AT, UPDATES))])
+    # the same ranks resume from a checkpoint that one process wrote
+    again_layer, again = resumed(delay, torch.load(f"{folder}/one_process_checkpoint.pt", weights_only=False))
+    again_history = run(again_layer, again, rank_parts(rank), range(SAVED_AT, UPDATES))
+    result = {
+        "history": history,
+        "bank": bank_facts(refresher),
+        "resumed": again_history,
+        "resumed_bank": bank_facts(again),
+    }
+    torch.save(result, f"{folder}/rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_rank_0_holds_one_process_banks_and_runs_resume_across_world_sizes(tmp_path):
     for delay in (0, 1):
-        ranks = two_ranks(tmp_path / str(delay), delay)
-        (hist0, bank0, dropped0), (hist1, bank1, dropped1) = ranks[0], ranks[1]
-        first = 1 + delay  # the first refresh starts at update 1 and installs `delay` updates later
-        assert hist0[first:] == hist1[first:] and bank0 == bank1 and dropped0 == dropped1 == 1
-        assert hist0[first] != hist0[0], "the refresh replaced rank 0's initial centroids"
+        folder = tmp_path / str(delay)
+        folder.mkdir()
         torch.manual_seed(0)
         layer, refresher = make(delay)
-        history, bank, _ = run(layer, refresher, one_process_parts)
-        assert torch.equal(torch.tensor(bank0), bank)
-        assert torch.equal(torch.tensor(hist0)[first:], history[first:])
+        one = run(layer, refresher, one_process_parts, range(SAVED_AT))
+        torch.save(checkpoint(layer, refresher), folder / "one_process_checkpoint.pt")
+        one = torch.cat([one, run(layer, refresher, one_process_parts, range(SAVED_AT, UPDATES))])
+        one_bank = refresher.banks[0].contents()
+
+        mp.start_processes(worker, args=(str(folder), delay), nprocs=2, start_method="spawn")
+        rank0, rank1 = (torch.load(folder / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+        first = 1 + delay  # the first refresh starts at update 1 and installs `delay` updates later
+        assert not torch.equal(rank0["history"][first], rank0["history"][0]), "a refresh replaced the centroids"
+        for got in (rank0, rank1):
+            assert torch.equal(got["history"][first:], one[first:])
+            assert torch.equal(got["resumed"], one[SAVED_AT:])
+            assert got["bank"]["dropped"] == 1  # the NaN state of rank 1, counted on both ranks
+        for bank in (rank0["bank"], rank0["resumed_bank"]):
+            assert torch.equal(bank["rows"], one_bank)
+        for bank in (rank1["bank"], rank1["resumed_bank"]):
+            assert not bank["allocated"] and bank["rows"].numel() == 0, "only rank 0 holds bank rows"
+        # rank 1 draws every rank's sample as rank 0 does: their sampling generators never part
+        assert torch.equal(rank1["bank"]["generator"], rank0["bank"]["generator"])
+
+        # one process resumes from the checkpoint rank 0 wrote for both ranks
+        saved = torch.load(folder / "two_ranks_checkpoint.pt", weights_only=False)
+        assert len(saved["refresher"]["banks"][0]["buffer"]) > 0
+        layer, refresher = resumed(delay, saved)
+        assert torch.equal(run(layer, refresher, one_process_parts, range(SAVED_AT, UPDATES)), one[SAVED_AT:])
+        assert torch.equal(refresher.banks[0].contents(), one_bank)

@@ -14,8 +14,9 @@ from fairseq_clusterformer.ops.clustering import (
     inverse_permutation,
     stable_sort,
 )
-from fairseq_clusterformer.ops.window_scheme import WindowScheme
-from fairseq_clusterformer.ops.windows import check_window, coverage, merge_windows, window_index
+from fairseq_clusterformer.ops.qa_windows import QAInputWindows, QALayout, QAWindows
+from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
+from fairseq_clusterformer.ops.windows import coverage, merge_windows, window_index
 
 
 def test_ops_never_import_fairseq():
@@ -44,19 +45,24 @@ def test_merge_of_identical_windows_is_identity():
     assert torch.equal(band.merge(band.queries(x)), x)
 
 
+def test_every_window_scheme_is_a_windowing():
+    layout = QALayout(3, 10, 4, 3)
+    for scheme in (
+        WindowScheme(5, 2, 13),
+        WindowScheme(5, 2, 13, band=True),
+        QAWindows(layout),
+        QAInputWindows(layout),
+    ):
+        assert isinstance(scheme, Windowing), type(scheme).__name__
+    assert not isinstance(layout, Windowing), "a layout cuts nothing into windows by itself"
+
+
 def test_merge_averages_overlaps():
     windows = torch.arange(4.0).view(1, 4, 1, 1).expand(1, 4, 4, 1)  # window k holds the value k
     merged = merge_windows(windows, 8, 4, 2)[0, :, 0]
     # a window starts at every stride below T, the last one half past the end:
     # positions 0-1 lie in window 0; 2-3 in 0,1; 4-5 in 1,2; 6-7 in 2,3
     assert merged.tolist() == [0.0, 0.0, 0.5, 0.5, 1.5, 1.5, 2.5, 2.5]
-
-
-def test_bad_windows_name_the_flag():
-    with pytest.raises(ValueError, match="--window-stride"):
-        check_window(4, 4)
-    with pytest.raises(ValueError, match="--window-size"):
-        check_window(0, 1)
 
 
 def test_sort_and_unsort_are_inverse_and_stable():

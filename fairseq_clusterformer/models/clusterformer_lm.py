@@ -16,16 +16,16 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
-from fairseq_clusterformer.modules.cluster_layer import CAUSALITY_CHOICES
-from fairseq_clusterformer.modules.decoder import (
+from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
+from fairseq_clusterformer.modules.layer_settings import (
+    CAUSALITY_CHOICES,
     LONG_RANGE_CHOICES,
-    ClusterFormerDecoder,
+    WINDOW_MERGE_CHOICES,
+    LayerSettings,
     LongRangePlan,
     parse_layer_list,
 )
-from fairseq_clusterformer.modules.windowed_layer import WINDOW_MERGE_CHOICES, LayerSettings
 from fairseq_clusterformer.ops.cluster_groups import default_groups
-from fairseq_clusterformer.ops.windows import check_window
 
 
 @dataclass
@@ -96,7 +96,6 @@ def _reject_unsupported(args) -> None:
 
 
 def layer_settings(args) -> LayerSettings:
-    check_window(args.window_size, args.window_stride)
     return LayerSettings(
         embed_dim=args.decoder_embed_dim,
         ffn_dim=args.decoder_ffn_embed_dim,
@@ -114,10 +113,8 @@ def layer_settings(args) -> LayerSettings:
 
 
 def band_groups(args) -> int:
-    """--cluster-groups, or its default for the training segment length."""
+    """--cluster-groups, or its default (for 0) for the training segment length; LongRangePlan checks the rest."""
     groups = safe_getattr(args, "cluster_groups", 0) or 0
-    if groups < 0:
-        raise ValueError(f"--cluster-groups must be positive (or 0 for the default), got {groups}")
     if groups == 0:
         tokens = safe_getattr(args, "tokens_per_sample", None) or args.max_target_positions
         groups = default_groups(int(tokens), args.window_size)

@@ -33,7 +33,6 @@ from fairseq_clusterformer.modules.qa_pretrained import (
 )
 from fairseq_clusterformer.modules.windowed_layer import WINDOW_MERGE_CHOICES, LayerSettings
 from fairseq_clusterformer.ops.qa_windows import QUESTION_SPECIALS
-from fairseq_clusterformer.ops.windows import check_window
 
 UNSUPPORTED = {
     "encoder_layerdrop": "--encoder-layerdrop",
@@ -45,7 +44,6 @@ UNSUPPORTED = {
 
 
 def qa_layer_settings(args) -> LayerSettings:
-    check_window(args.window_size, args.window_stride)
     return LayerSettings(
         embed_dim=args.encoder_embed_dim,
         ffn_dim=args.encoder_ffn_embed_dim,

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from fairseq_clusterformer.modules.cluster_layer import Float32Buffers
+from fairseq_clusterformer.modules.layer_settings import LayerSettings
 from fairseq_clusterformer.modules.sorted_window_layer import NeighbourGroupLayer, SortedWindowLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
-from fairseq_clusterformer.ops.lsh import check_num_buckets, lsh_buckets, offset_groups, random_rotations
+from fairseq_clusterformer.ops.lsh import lsh_buckets, offset_groups, random_rotations
 
 # evaluation hashes with fixed directions, so that a checkpoint scores the same text the same way every time
 EVAL_ROTATION_SEED = 20200121
@@ -26,10 +26,10 @@ class LSHLayer(Float32Buffers, NeighbourGroupLayer):
     evenly on average).
     """
 
+    kind = "lsh"
     float32_buffers = ("eval_rotations",)
 
     def __init__(self, settings: LayerSettings, num_buckets: int, causality: str = "strict", band_groups: int = 1):
-        check_num_buckets(num_buckets)
         super().__init__(settings, num_buckets, causality, band_groups)
         generator = torch.Generator().manual_seed(EVAL_ROTATION_SEED)
         self.register_buffer(
@@ -47,6 +47,8 @@ class LSHLayer(Float32Buffers, NeighbourGroupLayer):
 class StridedSparseLayer(SortedWindowLayer):
     """Sparse Transformer's strided pattern as the paper re-implements it: a token attends across windows to the
     tokens at the same offset inside their window, i.e. to positions t - k*m for stride m (k < l in strict mode)."""
+
+    kind = "sparse"
 
     def __init__(self, settings: LayerSettings, causality: str = "strict") -> None:
         super().__init__(settings, settings.window_stride, causality)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from fairseq_clusterformer.modules.sorted_window_layer import CAUSALITY_CHOICES, NeighbourGroupLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.modules.layer_settings import CAUSALITY_CHOICES, LayerSettings
+from fairseq_clusterformer.modules.sorted_window_layer import NeighbourGroupLayer
 from fairseq_clusterformer.ops.cluster_groups import uniform_shares
 from fairseq_clusterformer.ops.clustering import assign_clusters, cluster_size_entropy
 from fairseq_clusterformer.ops.kmeans import random_ordered_centroids
@@ -50,6 +50,7 @@ class Float32Buffers(nn.Module):
 class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
     """Sort the states by their nearest centroid, run the layer on windows of the sorted sequence, unsort."""
 
+    kind = "cluster"
     float32_buffers = ("centroids", "shares")
 
     def __init__(

@@ -6,46 +6,25 @@ B = batch, T = tokens, C = channels.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 from fairseq.models.transformer import TransformerConfig, TransformerDecoderBase
 from torch import Tensor, nn
 
 from fairseq_clusterformer.modules.baseline_layers import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings, SlidingWindowLayer
+from fairseq_clusterformer.modules.layer_settings import (
+    LONG_RANGE_CHOICES,
+    LayerSettings,
+    LongRangePlan,
+    parse_layer_list,
+)
+from fairseq_clusterformer.modules.windowed_layer import SlidingWindowLayer
 
-LONG_RANGE_CHOICES = ("cluster", "lsh", "sparse", "none")
-
-
-@dataclass(frozen=True)
-class LongRangePlan:
-    """Which layers are long-range, and what they run."""
-
-    layers: frozenset[int]  # 1-based layer numbers, as the paper counts
-    kind: str = "cluster"
-    num_clusters: int = 512
-    causality: str = "strict"
-    # strict causality: groups of neighbouring clusters (or LSH buckets) a token's keys come from
-    band_groups: int = 1
-
-
-def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layers") -> frozenset[int]:
-    """'11,15' -> {11, 15}; every entry must be a layer number in 1..num_layers."""
-    try:
-        layers = frozenset(int(item) for item in str(spec).replace(" ", "").split(",") if item)
-    except ValueError:
-        raise ValueError(f"{flag} must be comma-separated layer numbers like '11,15', got {spec!r}") from None
-    bad = sorted(i for i in layers if not 1 <= i <= num_layers)
-    if bad:
-        raise ValueError(f"{flag} {spec!r}: layer(s) {bad} outside 1..{num_layers} (layers are numbered from 1)")
-    return layers
+__all__ = ["LONG_RANGE_CHOICES", "ClusterFormerDecoder", "LongRangePlan", "build_layer", "parse_layer_list"]
 
 
 def build_layer(index: int, settings: LayerSettings, plan: LongRangePlan) -> nn.Module:
-    """Layer number ``index`` (1-based)."""
-    if plan.kind not in LONG_RANGE_CHOICES:
-        raise ValueError(f"--long-range-layer must be one of {LONG_RANGE_CHOICES}, got {plan.kind!r}")
+    """Layer number ``index`` (1-based) of a model with ``plan`` (checked when it was made)."""
     if index not in plan.layers or plan.kind == "none":
         return SlidingWindowLayer(settings)
     if plan.kind == "cluster":

@@ -4,11 +4,14 @@ N = banked states of one layer, P = clusters, C = model dim.
 
 The job only ever reads the snapshots it was given, so training may go on filling the banks while it runs. Its
 result depends on the snapshots and the seed alone: whether it ran inline or in the background, and however long it
-took, every run (and every resumed run) installs the same centroids at the same update.
+took, every run (and every resumed run) installs the same centroids at the same update. A ``PendingSwap`` is a job
+between its snapshot and its install: what a checkpoint saves of it, and what is left to join when training ends.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +21,8 @@ from torch import Tensor
 
 from fairseq_clusterformer.ops.cluster_groups import bank_shares
 from fairseq_clusterformer.ops.kmeans import is_degenerate, order_centroids, resolve_backend, spherical_kmeans
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -138,3 +143,66 @@ class RefreshJob:
             raise RuntimeError("the background K-Means refresh failed") from self._error
         assert self._results is not None
         return self._results
+
+
+@dataclass(eq=False)  # compared and hashed by identity: it is kept in a set while in flight
+class PendingSwap:
+    """A refresh between the snapshot of the banks and the install of its centroids."""
+
+    number: int  # the refresh's number, counted from 1 over the run
+    started_at: int  # update of the snapshot
+    install_at: int
+    job: RefreshJob | None  # None on ranks other than 0
+
+    def start(self) -> None:
+        """Run the job on a thread, until ``results`` or, when training ends first, the exit hook joins it."""
+        if self.job is not None:
+            self.job.start()
+            _IN_FLIGHT.add(self)
+
+    def results(self) -> list[LayerResult] | None:
+        """Wait for the job: its results (None on ranks other than 0)."""
+        _IN_FLIGHT.discard(self)
+        return self.job.wait() if self.job is not None else None
+
+    def state_dict(self) -> dict:
+        """Waits for the job: a checkpoint keeps its result, not its input (the snapshots)."""
+        results = self.job.wait() if self.job is not None else None
+        return {
+            "started_at": self.started_at,
+            "install_at": self.install_at,
+            "results": None if results is None else [r.state_dict() for r in results],
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict, number: int, on_rank0: bool) -> PendingSwap:
+        saved = state["results"]
+        job = None  # only rank 0 installs results; the others take them from its broadcast
+        if saved is not None and on_rank0:
+            job = RefreshJob.finished([LayerResult.from_state_dict(r) for r in saved])
+        return cls(number, state["started_at"], state["install_at"], job)
+
+    def join(self) -> None:
+        """When training has ended: join the job that was never installed and report how it ended (its centroids
+        are not installed: no update is left to install them at)."""
+        _IN_FLIGHT.discard(self)
+        name = f"K-Means job {self.number} (snapshot of update {self.started_at})"
+        try:
+            self.job.wait()
+        except RuntimeError as error:
+            logger.error(f"{name} failed on its background thread: {error.__cause__!r}", exc_info=error)
+            return
+        logger.info(f"training ended before {name} was due for install at update {self.install_at}: joined it")
+
+
+# background jobs not installed yet; strong references: the task that started one may be gone by the exit hook
+_IN_FLIGHT: set[PendingSwap] = set()
+
+
+@atexit.register
+def _join_in_flight() -> None:
+    """fairseq has no end-of-training hook for tasks, and with --no-save nothing saves (which would wait for a job):
+    at interpreter exit, before logging shuts down, join every K-Means thread still running and report its error.
+    Without this the daemon thread would be killed mid-work and a failure never reported."""
+    for pending in list(_IN_FLIGHT):
+        pending.join()

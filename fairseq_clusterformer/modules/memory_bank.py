@@ -94,8 +94,8 @@ class MemoryBank:
     def pick(self, count: int) -> Tensor | None:
         """Sorted indices of the rows to keep out of a batch of `count` finite rows (None = all of them).
 
-        Advances the sampling generator exactly as `add` does, so that ranks holding identical banks can each draw
-        every rank's picks and stay identical without sending the unsampled rows anywhere.
+        Advances the sampling generator exactly as `add` does, so that every rank of a distributed run can draw every
+        rank's picks from its own copy of the generator (the copies stay equal) and send rank 0 only the rows it keeps.
         """
         if not 0 < self.sample_per_batch < count:
             return None
@@ -157,8 +157,12 @@ class MemoryBank:
             "generator": self._generator.get_state(),
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore from `state_dict()`; raises ValueError if the capacity or the states' dim differ from this bank's."""
+    def load_state_dict(self, state: dict, rows: bool = True) -> None:
+        """Restore from `state_dict()`; raises ValueError if the capacity or the states' dim differ from this bank's.
+
+        ``rows`` False: only the counters and the sampling generator (a distributed run's ranks other than 0, which
+        draw every rank's sample but bank no rows); the bank is left empty.
+        """
         if state["capacity"] != self.capacity:
             raise ValueError(
                 f"memory bank checkpoint has capacity {state['capacity']}, this bank has {self.capacity}: "
@@ -166,11 +170,12 @@ class MemoryBank:
             )
         if state["dim"] is not None and self.dim is not None and state["dim"] != self.dim:
             raise ValueError(f"memory bank checkpoint holds states of dim {state['dim']}, this bank dim {self.dim}")
-        if state["dim"] is not None:
+        self._buffer, self._pos, self._size = None, 0, 0
+        if rows and state["dim"] is not None:
             self._allocate(state["dim"])
             self._buffer[: state["size"]] = state["buffer"].to(self._buffer.device)
-        self._pos = state["pos"]
-        self._size = state["size"]
+            self._pos = state["pos"]
+            self._size = state["size"]
         self.total_seen = state["total_seen"]
         self.num_nonfinite_dropped = state["num_nonfinite_dropped"]
         self._generator.set_state(state["generator"])

@@ -9,12 +9,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings, WindowedTransformerLayer
-from fairseq_clusterformer.ops.cluster_groups import band_group_ids, check_groups, cluster_to_group, uniform_shares
+from fairseq_clusterformer.modules.layer_settings import LayerSettings, check_long_range
+from fairseq_clusterformer.modules.windowed_layer import WindowedTransformerLayer
+from fairseq_clusterformer.ops.cluster_groups import band_group_ids, cluster_to_group, uniform_shares
 from fairseq_clusterformer.ops.clustering import gather_tokens, stable_sort
 from fairseq_clusterformer.ops.window_scheme import WindowScheme
-
-CAUSALITY_CHOICES = ("strict", "paper")
 
 
 class SortedWindowLayer(WindowedTransformerLayer):
@@ -27,12 +26,12 @@ class SortedWindowLayer(WindowedTransformerLayer):
     subclass).
     """
 
-    def __init__(self, settings: LayerSettings, num_groups: int, causality: str = "strict") -> None:
+    kind: str  # what --long-range-layer calls this layer
+
+    def __init__(self, settings: LayerSettings, num_groups: int, causality: str = "strict", band_groups: int = 1):
         super().__init__(settings)
-        if causality not in CAUSALITY_CHOICES:
-            raise ValueError(f"--cluster-causality must be one of {CAUSALITY_CHOICES}, got {causality!r}")
-        if num_groups < 1:
-            raise ValueError(f"--num-clusters must be positive, got {num_groups}")
+        # the model's LongRangePlan ran this check already; a layer built on its own runs it here
+        check_long_range(self.kind, num_groups, causality, band_groups)
         self.num_groups = num_groups
         self.causality = causality
 
@@ -86,8 +85,7 @@ class NeighbourGroupLayer(SortedWindowLayer):
     the two halves of the heads, so that no cluster is at a group boundary for every head."""
 
     def __init__(self, settings: LayerSettings, num_groups: int, causality: str, band_groups: int) -> None:
-        super().__init__(settings, num_groups, causality)
-        check_groups(band_groups)
+        super().__init__(settings, num_groups, causality, band_groups)
         self.num_band_groups = band_groups
         self.groupings = 2 if settings.heads % 2 == 0 else 1
         # cluster -> group per grouping (n x P); derived from the shares, so not saved: ``update_groups`` redoes it

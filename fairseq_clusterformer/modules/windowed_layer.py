@@ -11,41 +11,18 @@ Layers take and return B x T x C: windows and sorting gather along T, which is s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 from fairseq import utils
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from fairseq_clusterformer.modules.layer_settings import WINDOW_MERGE_CHOICES, LayerSettings
 from fairseq_clusterformer.ops.attention import masked_attention
 from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation
-from fairseq_clusterformer.ops.window_scheme import WindowScheme
+from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
 
-WINDOW_MERGE_CHOICES = ("layer", "attention")
-
-
-@dataclass(frozen=True)
-class LayerSettings:
-    embed_dim: int
-    ffn_dim: int
-    heads: int
-    window_size: int
-    window_stride: int
-    causal: bool = True
-    normalize_before: bool = False
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation_fn: str = "relu"
-    # "layer": the paper, the whole layer runs per window and overlapping outputs are averaged; "attention": only
-    # the attention outputs are averaged, then residual, norm and FFN run once per token (half the FFN work at
-    # stride l/2). The two agree wherever windows do not overlap (strict causality's band, stride == size).
-    window_merge: str = "layer"
-
-    def __post_init__(self) -> None:
-        if self.window_merge not in WINDOW_MERGE_CHOICES:
-            raise ValueError(f"--window-merge must be one of {WINDOW_MERGE_CHOICES}, got {self.window_merge!r}")
+__all__ = ["WINDOW_MERGE_CHOICES", "LayerSettings", "SlidingWindowLayer", "WindowedTransformerLayer"]
 
 
 class SelfAttentionProjections(nn.Module):
@@ -53,8 +30,6 @@ class SelfAttentionProjections(nn.Module):
 
     def __init__(self, embed_dim: int, heads: int) -> None:
         super().__init__()
-        if embed_dim % heads != 0:
-            raise ValueError(f"embedding dim {embed_dim} is not divisible by the number of attention heads {heads}")
         self.num_heads = heads
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.k_proj = nn.Linear(embed_dim, embed_dim)
@@ -81,7 +56,7 @@ class WindowedTransformerLayer(nn.Module):
     def run_windows(
         self,
         x: Tensor,
-        scheme: WindowScheme,
+        scheme: Windowing,
         padding_mask: Tensor | None,
         order: Tensor | None = None,
         ids: Tensor | None = None,

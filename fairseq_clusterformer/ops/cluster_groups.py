@@ -22,11 +22,6 @@ import torch
 from torch import Tensor
 
 
-def check_groups(groups: int) -> None:
-    if groups < 1:
-        raise ValueError(f"--cluster-groups must be positive (or 0 for the default), got {groups}")
-
-
 def default_groups(tokens_per_sample: int, window_size: int) -> int:
     """Groups of about two windows' worth of tokens at the training segment length: with the band's reach of one
     window, a token then sees about as many keys as paper mode's two overlapping windows let it see."""
@@ -60,7 +55,6 @@ def cluster_to_group(shares: Tensor, groups: int, groupings: int) -> Tensor:
     Computed on the CPU in float64 with a sequential running sum, so that equal shares, whose centres can land
     exactly on a cut, are cut the same way on every device (callers cache the table: it changes only with shares).
     """
-    check_groups(groups)
     shares = shares.detach().to("cpu", torch.float64).clamp(min=0)  # P
     ends = torch.cumsum(shares, 0)  # P, sequential on the CPU
     starts = torch.cat([ends.new_zeros(1), ends[:-1]])  # P

@@ -20,7 +20,8 @@ _CHUNK_BYTES = 64 * 2**20
 # Coordinates of unit states are compared at this many decimals when counting distinct states: closer states are
 # the same point as far as K-Means is concerned.
 _DEGENERATE_DECIMALS = 4
-_BACKENDS = ("auto", "faiss", "torch")
+# the names --kmeans-backend accepts (its choices are this tuple)
+KMEANS_BACKENDS = ("auto", "torch", "faiss")
 # Float32 similarities of unit vectors are exact to ~1e-6; the pruning bounds give up this much on every update so
 # that rounding can never keep a point in a cluster that plain Lloyd iterations would move it out of.
 _BOUND_SLACK = 1e-5
@@ -186,8 +187,8 @@ def spherical_kmeans(
     Returns:
         (P, C) unit-norm float32 centroids on the states' device.
     """
-    if backend not in _BACKENDS:
-        raise ValueError(f"unknown K-Means backend {backend!r}, expected one of {_BACKENDS}")
+    if backend not in KMEANS_BACKENDS:
+        raise ValueError(f"unknown K-Means backend {backend!r}, expected one of {KMEANS_BACKENDS}")
     if states.dim() != 2:
         raise ValueError(f"states must be N x C, got shape {tuple(states.shape)}")
     if num_clusters < 1:

@@ -12,22 +12,14 @@ import torch
 from torch import Tensor
 
 
-def check_num_buckets(num_buckets: int) -> None:
-    if num_buckets < 2 or num_buckets % 2:
-        raise ValueError(
-            "--num-clusters must be an even number >= 2 for --long-range-layer lsh (angular LSH draws --num-clusters"
-            f" / 2 random directions and takes the argmax over them and their negatives), got {num_buckets}"
-        )
-
-
 def random_rotations(
     dim: int,
     num_buckets: int,
     generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
 ) -> Tensor:
-    """C x P/2 Gaussian directions; ``generator`` None draws from torch's global RNG (seeded by fairseq)."""
-    check_num_buckets(num_buckets)
+    """C x P/2 Gaussian directions (P even, as a checked ``LongRangePlan`` has it); ``generator`` None draws from
+    torch's global RNG (seeded by fairseq)."""
     return torch.randn(dim, num_buckets // 2, generator=generator, dtype=torch.float32, device=device)
 
 

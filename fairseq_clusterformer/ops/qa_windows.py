@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from fairseq_clusterformer.ops.masks import window_mask
-from fairseq_clusterformer.ops.windows import check_window, num_windows, pad_to
+from fairseq_clusterformer.ops.windows import num_windows, pad_to
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class QALayout:
     stride: int  # m
 
     def __post_init__(self) -> None:
-        check_window(self.size, self.stride)
+        # size and stride come from a checked LayerSettings; the lengths come from the batch
         if self.question_len < 1 or self.context_len < 1:
             raise ValueError(f"empty question block ({self.question_len}) or context ({self.context_len})")
 
@@ -151,7 +151,7 @@ def qa_tokens(
 class QAInputWindows:
     """The window scheme of the first layer, whose input is already cut into windows (each window's
     embeddings carry its own positions, so they cannot come from one flat sequence): B x (K*W) x C in,
-    the flat layout out. Same interface as ``ops.window_scheme.WindowScheme``."""
+    the flat layout out. A ``ops.window_scheme.Windowing``, as the language model's schemes are."""
 
     def __init__(self, layout: QALayout) -> None:
         self.layout = layout

@@ -2,7 +2,8 @@
 
 B = batch, T = tokens, K = windows, l = window size, m = stride, Lq / Lk = queries / keys per window.
 
-Two schemes share every long-range layer type:
+``Windowing`` is what a windowed layer asks of a scheme; two schemes here serve every layer of the language model
+(the QA model's own, ``ops.qa_windows``, have the same interface):
 - ``overlap`` (the paper): windows [k*m, k*m + l) serve as queries and keys; a token that sits in
   several windows gets the mean of its outputs (Lq = Lk = l).
 - ``band`` (strict causality): query block [k*m, (k+1)*m) attends to keys [k*m - (l-1), (k+1)*m);
@@ -12,6 +13,7 @@ Two schemes share every long-range layer type:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -19,7 +21,6 @@ from torch import Tensor
 from fairseq_clusterformer.ops.masks import band_mask, window_mask
 from fairseq_clusterformer.ops.windows import (
     band_key_windows,
-    check_window,
     merge_windows,
     num_windows,
     pad_to,
@@ -28,15 +29,36 @@ from fairseq_clusterformer.ops.windows import (
 )
 
 
+@runtime_checkable
+class Windowing(Protocol):
+    """How a windowed layer cuts a B x T x ... sequence into K windows and merges the K windows back."""
+
+    @property
+    def count(self) -> int:
+        """K, the windows per sequence."""
+
+    def queries(self, x: Tensor, fill: float | int | bool = 0) -> Tensor:
+        """B x T x ... -> the queries of every window, B x K x Lq x ..."""
+
+    def keys(self, x: Tensor, fill: float | int | bool = 0) -> Tensor:
+        """B x T x ... -> the keys of every window, B x K x Lk x ..."""
+
+    def merge(self, windows: Tensor) -> Tensor:
+        """B x K x Lq x C outputs of every window's queries -> B x T x C."""
+
+    def mask(self, positions: Tensor, valid: Tensor, causal: bool, ids: Tensor | None = None) -> Tensor:
+        """B x K x Lq x Lk, True = attend; positions: B x T original positions of the tokens, valid: B x T, False at
+        pads, ids: B x T group ids (schemes that attend within groups only)."""
+
+
 @dataclass(frozen=True)
 class WindowScheme:
+    """The language model's schemes; ``size`` and ``stride`` come from a checked ``LayerSettings``."""
+
     size: int
     stride: int
     length: int
     band: bool = False
-
-    def __post_init__(self) -> None:
-        check_window(self.size, self.stride)
 
     @property
     def count(self) -> int:

@@ -15,17 +15,6 @@ import torch
 from torch import Tensor
 
 
-def check_window(size: int, stride: int) -> None:
-    """Reject window/stride pairs for which windows would not overlap or not tile the sequence."""
-    if size < 1 or stride < 1:
-        raise ValueError(f"--window-size ({size}) and --window-stride ({stride}) must be positive")
-    if stride >= size:
-        raise ValueError(
-            f"--window-stride ({stride}) must be smaller than --window-size ({size}): "
-            "the paper's windows overlap (m < l) so that neighbouring windows share states"
-        )
-
-
 def num_windows(length: int, stride: int) -> int:
     """Number of windows K for a sequence of ``length`` tokens: one per stride start below ``length``."""
     return max(1, -(-length // stride))

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from fairseq.dataclass import ChoiceEnum
 
 from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
+from fairseq_clusterformer.ops.kmeans import KMEANS_BACKENDS
 from fairseq_clusterformer.tasks.checkpoint_files import keep_banks_in_last_only
 
 logger = logging.getLogger(__name__)
 
-KMEANS_BACKENDS = ("auto", "torch", "faiss")
 CHECKPOINT_KEY = "centroid_refresh"
 
 
@@ -25,7 +25,8 @@ class MemoryBankConfig:
     """The K-Means hook's flags; shared by every Cluster-Former task."""
 
     memory_size: int = field(
-        default=100_000, metadata={"help": "states kept per long-range layer for K-Means (all ranks together)"}
+        default=100_000,
+        metadata={"help": "states kept per long-range layer for K-Means (all ranks together, on rank 0)"},
     )
     cluster_update_interval: int = field(
         default=0, metadata={"help": "updates between centroid refreshes; 0 = at the start of every epoch"}
@@ -52,19 +53,7 @@ class MemoryBankConfig:
 
 
 def refresh_settings(cfg) -> RefreshSettings:
-    for flag, value in (
-        ("--memory-size", cfg.memory_size),
-        ("--kmeans-iters", cfg.kmeans_iters),
-    ):
-        if value < 1:
-            raise ValueError(f"{flag} must be positive, got {value}")
-    for flag, value in (
-        ("--cluster-update-interval", cfg.cluster_update_interval),
-        ("--memory-sample-per-batch", cfg.memory_sample_per_batch),
-        ("--kmeans-swap-delay", cfg.kmeans_swap_delay),
-    ):
-        if value < 0:
-            raise ValueError(f"{flag} must be >= 0, got {value}")
+    """The hook's flags, checked by ``RefreshSettings``."""
     return RefreshSettings(
         memory_size=cfg.memory_size,
         sample_per_batch=cfg.memory_sample_per_batch,

@@ -1,0 +1,103 @@
+"""The settings every windowed and long-range layer is built from, and the one place they are checked.
+
+A model turns its flags into a ``LayerSettings`` and a ``LongRangePlan``; their ``__post_init__`` reject bad values
+with an error that names the fairseq flag at fault. The layers, the decoder and the window schemes trust them and
+check nothing again; a layer built on its own (tests, benchmarks) runs the same check through
+``check_long_range``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+WINDOW_MERGE_CHOICES = ("layer", "attention")
+LONG_RANGE_CHOICES = ("cluster", "lsh", "sparse", "none")
+CAUSALITY_CHOICES = ("strict", "paper")
+
+
+def check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{flag} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_window(size: int, stride: int) -> None:
+    """Reject window/stride pairs for which windows would not overlap or not tile the sequence."""
+    if size < 1 or stride < 1:
+        raise ValueError(f"--window-size ({size}) and --window-stride ({stride}) must be positive")
+    if stride >= size:
+        raise ValueError(
+            f"--window-stride ({stride}) must be smaller than --window-size ({size}): "
+            "the paper's windows overlap (m < l) so that neighbouring windows share states"
+        )
+
+
+@dataclass(frozen=True)
+class LayerSettings:
+    embed_dim: int
+    ffn_dim: int
+    heads: int
+    window_size: int
+    window_stride: int
+    causal: bool = True
+    normalize_before: bool = False
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation_fn: str = "relu"
+    # "layer": the paper, the whole layer runs per window and overlapping outputs are averaged; "attention": only
+    # the attention outputs are averaged, then residual, norm and FFN run once per token (half the FFN work at
+    # stride l/2). The two agree wherever windows do not overlap (strict causality's band, stride == size).
+    window_merge: str = "layer"
+
+    def __post_init__(self) -> None:
+        check_window(self.window_size, self.window_stride)
+        check_choice("--window-merge", self.window_merge, WINDOW_MERGE_CHOICES)
+        # the LM's flags say decoder, the QA model's encoder: name both
+        if self.heads < 1 or self.embed_dim % self.heads:
+            raise ValueError(
+                f"the embedding dim ({self.embed_dim}) must be a positive multiple of the number of attention heads "
+                f"({self.heads}): --decoder-embed-dim / --decoder-attention-heads (--encoder-* for QA)"
+            )
+
+
+def check_long_range(kind: str, num_clusters: int, causality: str, band_groups: int) -> None:
+    """The rules of ``LongRangePlan``, for one long-range layer of ``kind``."""
+    check_choice("--long-range-layer", kind, LONG_RANGE_CHOICES)
+    check_choice("--cluster-causality", causality, CAUSALITY_CHOICES)
+    if num_clusters < 1:
+        raise ValueError(f"--num-clusters must be positive, got {num_clusters}")
+    if kind == "lsh" and num_clusters % 2:
+        raise ValueError(
+            "--num-clusters must be an even number >= 2 for --long-range-layer lsh (angular LSH draws --num-clusters"
+            f" / 2 random directions and takes the argmax over them and their negatives), got {num_clusters}"
+        )
+    if band_groups < 1:
+        raise ValueError(f"--cluster-groups must be positive (or 0 for the default), got {band_groups}")
+
+
+@dataclass(frozen=True)
+class LongRangePlan:
+    """Which layers are long-range, and what they run."""
+
+    layers: frozenset[int]  # 1-based layer numbers, as the paper counts
+    kind: str = "cluster"
+    num_clusters: int = 512
+    causality: str = "strict"
+    # strict causality: groups of neighbouring clusters (or LSH buckets) a token's keys come from
+    band_groups: int = 1
+
+    def __post_init__(self) -> None:
+        check_long_range(self.kind, self.num_clusters, self.causality, self.band_groups)
+
+
+def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layers") -> frozenset[int]:
+    """'11,15' -> {11, 15}; every entry must be a layer number in 1..num_layers."""
+    try:
+        layers = frozenset(int(item) for item in str(spec).replace(" ", "").split(",") if item)
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated layer numbers like '11,15', got {spec!r}") from None
+    bad = sorted(i for i in layers if not 1 <= i <= num_layers)
+    if bad:
+        raise ValueError(f"{flag} {spec!r}: layer(s) {bad} outside 1..{num_layers} (layers are numbered from 1)")
+    return layers

@@ -1,0 +1,93 @@
+"""What the ranks of a distributed run exchange about the memory banks and the centroids (gloo or NCCL).
+
+n = states of one rank's micro-batch, P = clusters, C = model dim.
+
+- Rank 0 alone holds the rows of the memory banks: only it runs K-Means, and only it saves checkpoints. After every
+  micro-batch each rank sends it its own banked states (``send_to_rank0``). The other ranks keep each bank's
+  counters and sampling generator, not its rows (a few bytes instead of ``--memory-size`` x C floats per layer).
+- Rank 0's centroids reach every rank by broadcast (``broadcast_from_rank0``), and after every install a checksum
+  compared across the ranks proves that they all hold the same ones (``check_ranks_agree``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
+from fairseq_clusterformer.modules.memory_bank import MemoryBank
+
+logger = logging.getLogger(__name__)
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside a distributed run."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@torch.no_grad()
+def send_to_rank0(bank: MemoryBank, rows: Tensor) -> int:
+    """Append every rank's rows of one micro-batch (this rank's: n x C float32) to rank 0's ``bank``, in rank order.
+
+    Called by every rank together. NaN/Inf rows are dropped; with ``--memory-sample-per-batch`` a sample of each
+    rank's rows is kept. Rank 0's bank then holds what one process that ran the ranks' micro-batches one after
+    another would hold. Returns the NaN/Inf rows dropped on all ranks (counted in every rank's bank).
+    """
+    rank, size = world()
+    finite = torch.isfinite(rows).all(dim=1)  # n
+    rows = rows[finite]
+    counts = torch.tensor([rows.size(0), int((~finite).sum())], device=rows.device)
+    every = [torch.zeros_like(counts) for _ in range(size)]
+    dist.all_gather(every, counts)
+    dropped = sum(int(c[1]) for c in every)
+    bank.num_nonfinite_dropped += dropped
+    # every rank draws every rank's sample, in rank order, from its copy of the bank's generator: the copies stay
+    # equal, and each rank sends only the rows it keeps
+    picks = [bank.pick(int(c[0])) for c in every]
+    kept = [int(c[0]) if pick is None else pick.numel() for c, pick in zip(every, picks)]
+    if max(kept) == 0:  # every rank knows: all skip the gather
+        return dropped
+    if picks[rank] is not None:
+        rows = rows[picks[rank].to(rows.device)]
+    padded = rows.new_zeros(max(kept), rows.size(1))  # max(kept) x C: gather needs equal shapes
+    padded[: rows.size(0)] = rows
+    parts = [torch.empty_like(padded) for _ in range(size)] if rank == 0 else None
+    dist.gather(padded, parts, dst=0)
+    if parts is not None:
+        for part, count in zip(parts, kept):
+            bank.append(part[:count])
+    return dropped
+
+
+@torch.no_grad()
+def broadcast_from_rank0(tensors: Iterable[Tensor]) -> None:
+    """Overwrite ``tensors`` on every rank with rank 0's, in place (called by every rank together)."""
+    for tensor in tensors:
+        dist.broadcast(tensor, src=0)
+
+
+def checksum(centroids: Tensor) -> Tensor:
+    """(1,) float64 position-weighted sum of the P x C centroids: a swap of two centroids changes it too."""
+    flat = centroids.detach().double().reshape(-1)  # P*C
+    weights = torch.arange(1, flat.numel() + 1, device=flat.device, dtype=torch.float64)
+    return (flat * weights).sum().reshape(1)
+
+
+@torch.no_grad()
+def check_ranks_agree(layers: list[ClusterFormerLayer], refresh: int) -> None:
+    """Guard against ranks drifting apart: raise unless every rank holds the same centroids in every layer."""
+    _, size = world()
+    for index, layer in enumerate(layers):
+        low = checksum(layer.centroids)
+        high = low.clone()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        if not torch.equal(low, high):
+            raise RuntimeError(f"long-range layer {index}: the {size} ranks hold different centroids after a refresh")
+    logger.info(f"K-Means job {refresh}: centroids identical on all {size} ranks")
