@@ -22,6 +22,8 @@ setup(
         "console_scripts": [
             "fairseq-clusterformer-inspect = fairseq_clusterformer.scripts.inspect_clusters:cli_main",
             "fairseq-clusterformer-causal-eval = fairseq_clusterformer.scripts.causal_eval:cli_main",
+            "fairseq-clusterformer-longrange = fairseq_clusterformer.scripts.longrange_eval:cli_main",
+            "fairseq-clusterformer-recall-task = fairseq_clusterformer.scripts.recall_task:cli_main",
             "fairseq-clusterformer-qa-convert = fairseq_clusterformer.scripts.qa_convert:cli_main",
             "fairseq-clusterformer-qa-binarize = fairseq_clusterformer.scripts.qa_binarize:cli_main",
             "fairseq-clusterformer-qa-predict = fairseq_clusterformer.scripts.qa_predict:cli_main",

@@ -31,6 +31,7 @@ from fairseq.sequence_scorer import SequenceScorer
 from torch import Tensor
 
 import fairseq_clusterformer  # noqa: F401  registers the clusterformer models and tasks (and fixes the batching)
+from fairseq_clusterformer.scripts.cli_logging import log_like_fairseq
 
 logger = logging.getLogger("fairseq_clusterformer.causal_eval")
 
@@ -235,13 +236,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def cli_main() -> None:
-    # fairseq-eval-lm's log format: its INFO lines (loading, dataset size) stay visible
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        level=logging.INFO,
-        stream=sys.stdout,
-        force=True,  # importing fairseq configured the root logger already
-    )
+    log_like_fairseq()
     main(sys.argv[1:])
 
 

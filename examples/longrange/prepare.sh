@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Data of the long-range comparison, binarised for fairseq: the synthetic recall task (generated), WikiText-2 at word
+# level and Tiny Shakespeare at character level (both committed in examples/data/).
+#
+#   bash examples/longrange/prepare.sh [--data DIR] [--out DIR]
+#   --data DIR: a folder with wikitext-2/{valid,test}.txt and tinyshakespeare/input.txt (default: examples/data)
+#   --out DIR:  where the binarised folders go (default: longrange-work/data-bin)
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+data="$repo/examples/data" out=longrange-work/data-bin
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data) data=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) sed -n '2,7p' "$0" >&2; exit 2 ;;
+  esac
+done
+for f in wikitext-2/valid.txt wikitext-2/test.txt tinyshakespeare/input.txt; do
+  [ -f "$data/$f" ] || { echo "prepare.sh: --data $data has no $f" >&2; exit 2; }
+done
+text="$out/../text"
+mkdir -p "$out" "$text"
+
+# the recall task: documents of 511 words (+ end of line = one 512-token sample), facts recalled 150-450 words later
+fairseq-clusterformer-recall-task --out "$text/recall" --seed 1 --length 511 --facts 8 --fillers 16 \
+  --min-distance 150 --max-distance 450 --train-docs 8000 --valid-docs 100 --test-docs 200
+
+# WikiText-2 word level: the valid split trains, the test split's first 2,000 lines validate and the rest test
+mkdir -p "$text/wikitext-2"
+cp "$data/wikitext-2/valid.txt" "$text/wikitext-2/train.txt"
+head -n 2000 "$data/wikitext-2/test.txt" > "$text/wikitext-2/valid.txt"
+tail -n +2001 "$data/wikitext-2/test.txt" > "$text/wikitext-2/test.txt"
+
+# Tiny Shakespeare as characters (spaces as "_"), split 90 / 5 / 5 % by lines
+mkdir -p "$text/shakespeare"
+python - "$data/tinyshakespeare/input.txt" "$text/shakespeare" <<'PY'
+import sys
+from pathlib import Path
+lines = Path(sys.argv[1]).read_text(encoding="utf-8").splitlines()
+chars = [" ".join(line.replace(" ", "_")) for line in lines if line]
+cut1, cut2 = int(len(chars) * 0.9), int(len(chars) * 0.95)
+for name, part in (("train", chars[:cut1]), ("valid", chars[cut1:cut2]), ("test", chars[cut2:])):
+    (Path(sys.argv[2]) / f"{name}.txt").write_text("\n".join(part) + "\n", encoding="utf-8")
+PY
+
+for set in recall wikitext-2 shakespeare; do
+  fairseq-preprocess --only-source --trainpref "$text/$set/train.txt" --validpref "$text/$set/valid.txt" \
+    --testpref "$text/$set/test.txt" --destdir "$out/$set" --workers 2
+done
+echo "binarised: $out/{recall,wikitext-2,shakespeare}"

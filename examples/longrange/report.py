@@ -1,0 +1,107 @@
+"""Tables and the plot of the long-range comparison from the breakdown's JSON files.
+
+    python examples/longrange/report.py longrange-work/results --out examples/longrange/results
+
+Reads RESULTS/<data set>/<kind>-s<seed>.json (written by fairseq-clusterformer-longrange --json) and writes
+<out>/results.md (per data set: loss per distance bucket and kind, mean of the seeds with their spread, the mechanism
+statistic) and <out>/loss_by_distance.png (loss against log2 distance to the earlier occurrence, one line per kind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+KINDS = ("full", "none", "cluster-strict", "cluster-paper", "lsh", "sparse")
+BUCKETS = ("never", "within reach", "beyond reach", "beyond input")
+
+
+def load(results: Path) -> dict[str, dict[str, list[dict]]]:
+    """data set -> kind -> one result per seed."""
+    runs: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(results.glob("*/*-s*.json")):
+        kind = re.sub(r"-s\d+$", "", path.stem)
+        runs[path.parent.name][kind].append(json.loads(path.read_text()))
+    return runs
+
+
+def cell(values: list[float]) -> str:
+    """Mean of the seeds, and their spread (max - min) when there are several."""
+    mean = sum(values) / len(values)
+    return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f} ± {(max(values) - min(values)) / 2:.3f}"
+
+
+def table(data_set: str, kinds: dict[str, list[dict]]) -> list[str]:
+    first = next(iter(kinds.values()))[0]
+    lines = [
+        f"### {data_set}",
+        "",
+        f"Test loss in nats per token, mean of the seeds ± half "
+        f"their spread; reach {first['reach']} tokens, inputs of {first['tokens_per_sample']} with "
+        f"{first['context_window']} of context.",
+        "",
+        "| kind | all | " + " | ".join(BUCKETS) + " | far keys hit (random keys) |",
+        "| --- | --- | " + " | ".join("---" for _ in BUCKETS) + " | --- |",
+    ]
+    for kind in [k for k in KINDS if k in kinds] + sorted(set(kinds) - set(KINDS)):
+        runs = kinds[kind]
+        row = [cell([r["total"]["loss_nats"] for r in runs])]
+        row += [cell([r["buckets"][b]["loss_nats"] for r in runs]) for b in BUCKETS]
+        mech = [r["mechanism"] for r in runs if "mechanism" in r]
+        row.append(
+            f"{cell([m['any_layer_hit_share'] for m in mech])} "
+            f"({cell([sum(x['random_keys_hit_share'] for x in m['layers']) / len(m['layers']) for m in mech])})"
+            if mech
+            else "-"
+        )
+        lines.append(f"| {kind} | " + " | ".join(row) + " |")
+    tokens = {b: first["buckets"][b]["tokens"] for b in BUCKETS}
+    lines += ["", "Tokens per bucket: " + ", ".join(f"{b} {n:,}" for b, n in tokens.items()) + ".", ""]
+    return lines
+
+
+def plot(runs: dict[str, dict[str, list[dict]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
+    for ax, (data_set, kinds) in zip(axes[0], sorted(runs.items())):
+        for kind, seeds in sorted(kinds.items()):
+            by_bin = defaultdict(list)
+            for r in seeds:
+                for b in r["distance_bins"]:
+                    by_bin[b["from"]].append(b["loss_nats"])
+            xs = sorted(by_bin)
+            ax.plot(xs, [sum(by_bin[x]) / len(by_bin[x]) for x in xs], marker="o", label=kind)
+        ax.axvline(seeds[0]["reach"], color="grey", linestyle=":", label="reach")
+        ax.set_xscale("log", base=2)
+        ax.set(title=data_set, xlabel="tokens back to the earlier occurrence", ylabel="loss (nats)")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    runs = load(args.results)
+    if not runs:
+        parser.error(f"{args.results}: no <data set>/<kind>-s<seed>.json files")
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for data_set, kinds in sorted(runs.items()):
+        lines += table(data_set, kinds)
+    (args.out / "results.md").write_text("\n".join(lines))
+    plot(runs, args.out / "loss_by_distance.png")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
