@@ -122,22 +122,32 @@ def test_mechanism_counts_the_keys_of_far_tokens():
 
 def test_recall_task_documents(tmp_path):
     recall_task.main(["--out", str(tmp_path), "--train-docs", "5", "--valid-docs", "2", "--test-docs", "3",
-                      "--length", "400", "--facts", "6", "--min-distance", "150", "--max-distance", "300"])  # fmt: skip
+                      "--length", "400", "--facts", "6", "--copies", "2", "--copy-length", "20",
+                      "--min-distance", "150", "--max-distance", "300"])  # fmt: skip
     lines = (tmp_path / "test.txt").read_text().splitlines()
-    facts = [json.loads(line) for line in (tmp_path / "test.facts.jsonl").read_text().splitlines()]
-    assert len(lines) == len(facts) == 3
-    for line, placed in zip(lines, facts):
+    records = [json.loads(line) for line in (tmp_path / "test.facts.jsonl").read_text().splitlines()]
+    assert len(lines) == len(records) == 3
+    for line, placed in zip(lines, records):
         words = line.split()
-        assert len(words) == 400 and len(placed) == 6
-        assert len({f["key"] for f in placed}) == 6  # distinct keys in a document
-        for fact in placed:
-            assert 150 <= fact["distance"] <= 300 and fact["recall"] - fact["first"] == fact["distance"]
+        facts = [r for r in placed if r["kind"] == "fact"]
+        copies = [r for r in placed if r["kind"] == "copy"]
+        assert len(words) == 400 and len(facts) == 6 and len(copies) == 2
+        assert len({f["key"] for f in facts}) == 6  # distinct keys in a document
+        taken = []
+        for record in placed:
+            width = 2 if record["kind"] == "fact" else 20
+            first, recall = record["first"], record["recall"]
+            assert 150 <= record["distance"] <= 300 and recall - first == record["distance"]
+            assert words[first : first + width] == words[recall : recall + width]  # written twice, verbatim
+            taken += [*range(first, first + width), *range(recall, recall + width)]
+        assert len(taken) == len(set(taken)) == 4 * 6 + 2 * 2 * 20  # no span overwrote another
+        for fact in facts:
             key, value = f"k{fact['key']}", f"v{fact['value']}"
-            assert words[fact["first"] : fact["first"] + 2] == words[fact["recall"] : fact["recall"] + 2]
             assert words[fact["first"] : fact["first"] + 2] == [key, value]
             assert words.count(key) == 2  # the recall's earlier occurrence is the fact itself, nothing nearer
+        assert all(words[i].startswith("c") for c in copies for i in range(c["first"], c["first"] + 20))
         fillers = [w for w in words if w.startswith("w")]
-        assert len(fillers) == 400 - 4 * 6 and all(0 <= int(w[1:]) < 16 for w in fillers)
+        assert len(fillers) == 400 - len(taken) and all(0 <= int(w[1:]) < 16 for w in fillers)
 
 
 def test_recall_task_refuses_impossible_shapes(tmp_path):
@@ -147,6 +157,11 @@ def test_recall_task_refuses_impossible_shapes(tmp_path):
         recall_task.TaskShape(facts=200, keys=128).check()
     with pytest.raises(ValueError, match="--min-distance"):
         recall_task.TaskShape(min_distance=500, max_distance=400).check()
+    with pytest.raises(ValueError, match="--min-distance 20: must be at least"):
+        recall_task.TaskShape(copies=1, copy_length=32, min_distance=20).check()
+    with pytest.raises(ValueError, match="too many"):
+        recall_task.TaskShape(facts=0, copies=6, copy_length=32).check()
+    recall_task.TaskShape(facts=0, copies=2, copy_length=32).check()  # copies alone are a task
 
 
 @pytest.mark.e2e

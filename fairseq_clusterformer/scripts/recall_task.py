@@ -8,11 +8,15 @@ distinct, the values random, so the pair cannot be learnt across documents. Ever
 the same key and value, ``--min-distance`` to ``--max-distance`` words after the first. The recalled value can only be
 predicted from the first occurrence, which a sliding-window stack of reach below ``--min-distance`` cannot see:
 a full-attention model can bring its loss on those values from log(values) towards 0, a windowed model cannot.
+With ``--copies`` N, N spans of ``--copy-length`` words from their own vocabulary of ``--copy-words`` are also
+written twice, verbatim, the same distances apart: once the model finds where a copy began, every later word of it is
+predictable from the first span, which gives a long-range signal on many tokens per document.
 Filler words are uniform, so their loss is log(fillers) for every model, and with few of them (16 by default) they
 recur within a few dozen words, which keeps them out of the long-range breakdown's ``beyond reach`` bucket.
 
 Writes ``train.txt``, ``valid.txt``, ``test.txt`` and, for each, ``<split>.facts.jsonl``: per document the positions
-(0-based word index in the line) of every fact's first key and of its recall, and their distance.
+(0-based word index in the line) where every fact or copy first starts and where its recall starts, and their
+distance.
 """
 
 from __future__ import annotations
@@ -33,52 +37,71 @@ class TaskShape:
     fillers: int = 16
     min_distance: int = 150
     max_distance: int = 450
+    copies: int = 0  # spans written twice, verbatim
+    copy_length: int = 32
+    copy_words: int = 1024  # the spans' own vocabulary: large, so a copied word rarely occurs elsewhere
 
     def check(self) -> None:
         """Refuse, naming the flag, shapes that cannot be laid out."""
-        if self.facts < 1 or self.facts > self.keys:
-            raise ValueError(f"--facts must be in 1..--keys ({self.keys}): keys are distinct in a document")
-        if min(self.values, self.fillers) < 1:
-            raise ValueError("--values and --fillers must be >= 1")
+        if not 0 <= self.facts <= self.keys:
+            raise ValueError(f"--facts must be in 0..--keys ({self.keys}): keys are distinct in a document")
+        if self.facts + self.copies < 1 or self.copies < 0:
+            raise ValueError("--facts and --copies: need at least one fact or copy, and neither negative")
+        if min(self.values, self.fillers, self.copy_words, self.copy_length) < 1:
+            raise ValueError("--values, --fillers, --copy-words and --copy-length must be >= 1")
         if not 2 <= self.min_distance <= self.max_distance:
             raise ValueError(
                 f"need 2 <= --min-distance <= --max-distance, got {self.min_distance}, {self.max_distance}"
             )
-        if self.min_distance + 2 > self.length:
-            raise ValueError(f"--length {self.length}: no room for a recall --min-distance {self.min_distance} on")
-        if 4 * self.facts > self.length - self.min_distance:
-            raise ValueError(f"--facts {self.facts}: too many for --length {self.length} at that --min-distance")
+        widest = max(2 if self.facts else 1, self.copy_length if self.copies else 1)
+        if self.min_distance < widest or self.min_distance + widest > self.length:
+            raise ValueError(
+                f"--min-distance {self.min_distance}: must be at least a fact's or copy's width ({widest}) and leave"
+                f" room for the recall in --length {self.length}"
+            )
+        used = 4 * self.facts + 2 * self.copies * self.copy_length
+        if used > self.length - self.min_distance:
+            raise ValueError(f"--facts / --copies: {used} words too many for --length {self.length}")
 
 
-def lay_out(shape: TaskShape, rng: random.Random) -> list[tuple[int, int]]:
-    """(first, recall) word positions of every fact, each pair of words free of the others."""
+def lay_out(shape: TaskShape, widths: list[int], rng: random.Random) -> list[tuple[int, int]]:
+    """(first, recall) word positions of spans of the given widths, every span and its recall free of the others."""
     taken: set[int] = set()
-    pairs = []
-    for _ in range(1000 * shape.facts):
-        if len(pairs) == shape.facts:
-            break
-        first = rng.randrange(0, shape.length - shape.min_distance - 1)
-        distance = rng.randint(shape.min_distance, min(shape.max_distance, shape.length - 2 - first))
-        recall = first + distance
-        slots = {first, first + 1, recall, recall + 1}
-        if slots & taken:
-            continue  # overlaps an earlier fact: draw again (the checks above leave plenty of room)
+    pairs: dict[int, tuple[int, int]] = {}
+    # the widest first: once narrow spans are scattered over the document a wide one may find no gap left
+    for n in sorted(range(len(widths)), key=lambda n: -widths[n]):
+        width = widths[n]
+        for _ in range(1000):
+            first = rng.randrange(0, shape.length - shape.min_distance - width + 1)
+            distance = rng.randint(shape.min_distance, min(shape.max_distance, shape.length - width - first))
+            recall = first + distance
+            slots = set(range(first, first + width)) | set(range(recall, recall + width))
+            if not slots & taken:
+                break  # else it overlaps an earlier span: draw again (check() leaves plenty of room)
+        else:
+            raise ValueError(f"--facts / --copies: no room for that many in --length {shape.length}")
         taken |= slots
-        pairs.append((first, recall))
-    if len(pairs) < shape.facts:
-        raise ValueError(f"--facts {shape.facts}: no room for that many in --length {shape.length}")
-    return sorted(pairs)
+        pairs[n] = (first, recall)
+    return [pairs[n] for n in range(len(widths))]
 
 
 def document(shape: TaskShape, rng: random.Random) -> tuple[list[str], list[dict]]:
+    """One document's words, and for each fact or copy its first and recalled position (word index)."""
     words = [f"w{rng.randrange(shape.fillers)}" for _ in range(shape.length)]
-    facts = []
-    for (first, recall), key in zip(lay_out(shape, rng), rng.sample(range(shape.keys), shape.facts)):
-        value = rng.randrange(shape.values)
-        words[first], words[first + 1] = f"k{key}", f"v{value}"
-        words[recall], words[recall + 1] = f"k{key}", f"v{value}"
-        facts.append({"key": key, "value": value, "first": first, "recall": recall, "distance": recall - first})
-    return words, facts
+    widths = [2] * shape.facts + [shape.copy_length] * shape.copies
+    placed = []
+    keys = rng.sample(range(shape.keys), shape.facts)
+    for n, ((first, recall), width) in enumerate(zip(lay_out(shape, widths, rng), widths)):
+        if n < shape.facts:
+            span = [f"k{keys[n]}", f"v{rng.randrange(shape.values)}"]
+            record = {"kind": "fact", "key": keys[n], "value": int(span[1][1:])}
+        else:
+            span = [f"c{rng.randrange(shape.copy_words)}" for _ in range(width)]
+            record = {"kind": "copy", "length": width}
+        words[first : first + width] = span
+        words[recall : recall + width] = span
+        placed.append({**record, "first": first, "recall": recall, "distance": recall - first})
+    return words, sorted(placed, key=lambda r: r["first"])
 
 
 def write_split(out: Path, split: str, count: int, shape: TaskShape, rng: random.Random) -> None:
