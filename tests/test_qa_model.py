@@ -198,7 +198,7 @@ def test_long_contexts_and_questions_are_skipped_or_truncated(qa_data):
     lengths = split.context_sizes
     limit = int(sorted(lengths)[len(lengths) // 2])
     over = int((lengths > limit).sum())
-    skipping = QADataset(split, QALimits(40, limit), pad=1)
+    skipping = QADataset(split, QALimits(40, limit, context_overflow="skip"), pad=1)
     assert skipping.skipped == {"context_too_long": over} and len(skipping) == len(split) - over
     truncating = QADataset(split, QALimits(40, limit, context_overflow="truncate", training=True), pad=1)
     assert all(item.context_len <= limit for item in truncating.items)
@@ -211,6 +211,6 @@ def test_long_contexts_and_questions_are_skipped_or_truncated(qa_data):
 
 
 def test_no_usable_example_is_a_clear_error(qa_data):
-    task, _ = build(qa_data, "--max-context-eval", "10")
+    task, _ = build(qa_data, "--max-context-eval", "10", "--context-overflow", "skip")
     with pytest.raises(ValueError, match="no usable example in split 'valid'.*context_too_long"):
         task.load_dataset("valid")

@@ -4,13 +4,16 @@
 # Defaults are the paper's (section 4.2): RoBERTa-large with Cluster-Former layers 15 and 20 (clusterformer_qa_large),
 # windows of 256 context tokens with stride 224, Adam, lr 5e-5, 2,220 warm-up updates of 22,200 (linear decay),
 # 160 questions per update, dropout 0.1, contexts up to 5,000 tokens in training and 10,000 in validation.
+# A longer context is truncated, never dropped (CONTEXT_OVERFLOW=truncate): a training context keeps whole
+#   paragraphs, those holding a gold answer first; a validation context keeps its first tokens. The log says per
+#   split how many examples were kept, truncated and skipped, and how many gold answers the cuts lost.
 # --small: a CPU-sized run from scratch (clusterformer_qa_tiny, 4 layers of 64 dims, windows 64 / stride 48,
-#   lr 1e-3, 8 questions per update, 2,000 updates, training contexts cut to their first 2,048 tokens); override
+#   lr 1e-3, 8 questions per update, 2,000 updates, training contexts truncated to 2,048 tokens); override
 #   as below.
 # Environment overrides: ARCH, ROBERTA (directory with model.pt + dict.txt of a fairseq RoBERTa, or empty to train
 #   from scratch), LR, WARMUP, UPDATES, BATCH (questions per update), MAX_SENTENCES (questions per forward pass and
 #   device), DROPOUT, LONG_RANGE (cluster|lsh|sparse|none), CLUSTERS, WINDOW, STRIDE, MAX_CONTEXT_TRAIN,
-#   MAX_CONTEXT_EVAL, MAX_QUESTION, CONTEXT_OVERFLOW (skip|truncate), MEMORY, KMEANS_INTERVAL, KMEANS_BACKEND,
+#   MAX_CONTEXT_EVAL, MAX_QUESTION, CONTEXT_OVERFLOW (truncate|skip), MEMORY, KMEANS_INTERVAL, KMEANS_BACKEND,
 #   SAVE_DIR, SEED. Extra arguments go to fairseq-train as they are.
 set -euo pipefail
 
@@ -34,7 +37,7 @@ if ((SMALL)); then
     BATCH="${BATCH:-8}" MAX_SENTENCES="${MAX_SENTENCES:-8}" WINDOW="${WINDOW:-64}" STRIDE="${STRIDE:-48}"
     CLUSTERS="${CLUSTERS:-16}" MAX_CONTEXT_TRAIN="${MAX_CONTEXT_TRAIN:-2048}" MEMORY="${MEMORY:-20000}"
     KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MAX_QUESTION="${MAX_QUESTION:-61}" ROBERTA="${ROBERTA:-}"
-    CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-truncate}" DEVICE=(--cpu)
+    DEVICE=(--cpu)
 else
     ARCH="${ARCH:-clusterformer_qa_large}" LR="${LR:-5e-5}" WARMUP="${WARMUP:-2220}" UPDATES="${UPDATES:-22200}"
     BATCH="${BATCH:-160}" MAX_SENTENCES="${MAX_SENTENCES:-1}" WINDOW="${WINDOW:-256}" STRIDE="${STRIDE:-224}"
@@ -44,7 +47,7 @@ else
     DEVICE=()
 fi
 DROPOUT="${DROPOUT:-0.1}" LONG_RANGE="${LONG_RANGE:-cluster}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-10000}"
-CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-skip}" KMEANS_BACKEND="${KMEANS_BACKEND:-auto}" SEED="${SEED:-1}"
+CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-truncate}" KMEANS_BACKEND="${KMEANS_BACKEND:-auto}" SEED="${SEED:-1}"
 SAVE_DIR="${SAVE_DIR:-checkpoints/qa_${ARCH}_${LONG_RANGE}}"
 
 # 160 questions per update: as many forward passes per device as it takes (fairseq's --update-freq)

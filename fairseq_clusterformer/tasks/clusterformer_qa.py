@@ -41,7 +41,11 @@ class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig):
         default=10000, metadata={"help": "longest context (tokens) in validation / prediction splits"}
     )
     context_overflow: ChoiceEnum(CONTEXT_OVERFLOW) = field(
-        default="skip", metadata={"help": "a longer context: skip the example (counted) or keep its first tokens"}
+        default="truncate",
+        metadata={
+            "help": "a longer context: truncate it (training split: whole paragraphs, those with a gold answer "
+            "first; other splits: its first tokens) or skip the example; both are counted in the log"
+        },
     )
     max_answer_tokens: int = field(default=30, metadata={"help": "longest answer span the decoder considers"})
     train_subset: str = II("dataset.train_subset")
@@ -113,9 +117,12 @@ class ClusterFormerQATask(CentroidRefreshHooks, FairseqTask):
         return decode_answers(logits, context, self.dictionary.pad(), self.paragraph, self.cfg.max_answer_tokens)
 
     def answer_text(self, split: str, example_index: int, start: int, end: int) -> str:
-        """Text of the inclusive context token span [start, end] of one example of a loaded split."""
+        """Text of the inclusive token span [start, end] of one example's context as the model read it (a training
+        split's cut may have moved its paragraphs)."""
         data = self.split_data(split)
-        return span_text(data.tokenizer, data.contexts[example_index], start, end)
+        dataset = self.datasets.get(split)
+        context = dataset.model_context(example_index) if dataset is not None else data.contexts[example_index]
+        return span_text(data.tokenizer, context, start, end)
 
     def max_positions(self):
         return None  # the dataset enforces the context limits itself, with counts
