@@ -302,8 +302,11 @@ def test_nq_candidates_become_paragraphs(tmp_path):
     candidate = short.extra["candidates"][0]
     assert candidate == {"index": 0, "start_token": 10, "end_token": 24, "words": [[11, 23]]}
     assert short.extra["candidates"][1]["words"] == [[27, 28], [30, 33]]  # the <Td> tags are left out
-    # the nested candidate's long answer is the top-level table that holds it
+    # the nested candidate's long answer, as the paragraph to learn, is the top-level table that holds it
     assert table.long_answer == 1 and table.answer_type == "long" and table.answers == []
+    # while the official gold, the annotated row's own span, stays with the record
+    assert table.extra["long_answer_tokens"] == [tokens.index("<Table>") + 1, len(tokens) - 1]
+    assert short.extra["long_answer_tokens"] == [10, 24] and none.extra["long_answer_tokens"] == [-1, -1]
     assert none.answer_type == "none" and none.long_answer == -1 and len(none.extra["annotations"]) == 2
     assert from_original.paragraphs == short.paragraphs and from_original.spans == short.spans
 

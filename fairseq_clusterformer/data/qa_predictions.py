@@ -10,12 +10,16 @@
     write_squad_predictions("pred.json", {meta["id"]: split.span_text(i, start, end), ...})
     pred = nq_prediction(split.tokenizer, example.context, example.meta, answer_type, long_paragraph, long_score,
                          short_span, short_score)
-    write_nq_predictions("nq-pred.json", [pred, ...])
+    write_nq_predictions("nq-pred.json", with_null_predictions({example_id: pred, ...}, every_example_id))
+
+``nq_eval.py`` rejects a file whose example ids differ from the gold's, so ``with_null_predictions`` adds a null
+answer for every example the model did not read (a context the dataset skipped), scored below every real one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -111,6 +115,31 @@ def nq_prediction(
         "short_answers_score": float(short_score),
         "yes_no_answer": "NONE",
     }
+
+
+def null_nq_prediction(example_id: Any, score: float) -> dict[str, Any]:
+    """The prediction "no long and no short answer", with ``score`` as both scores."""
+    return {
+        "example_id": example_id,
+        "long_answer": dict(NULL_SPAN),
+        "long_answer_score": float(score),
+        "short_answers": [],
+        "short_answers_score": float(score),
+        "yes_no_answer": "NONE",
+    }
+
+
+def with_null_predictions(predictions: Mapping[Any, Mapping[str, Any]], example_ids: Sequence[Any]) -> list[dict]:
+    """One prediction per id of ``example_ids``, in that order: the given one, or a null answer scored 1 below the
+    lowest score given (so that the official threshold sweep reaches it last; a null answer never counts as
+    predicted, so it changes no precision or recall)."""
+    extra = set(predictions) - set(example_ids)
+    if extra:
+        raise ValueError(f"{len(extra)} predictions for ids that are not in the split, e.g. {next(iter(extra))!r}")
+    scores = [p[key] for p in predictions.values() for key in ("long_answer_score", "short_answers_score")]
+    scores = [s for s in scores if math.isfinite(s)]  # a context without any answer position scores -inf
+    lowest = min(scores, default=1.0) - 1.0
+    return [dict(predictions[i]) if i in predictions else null_nq_prediction(i, lowest) for i in example_ids]
 
 
 def write_nq_predictions(path: str, predictions: Sequence[Mapping[str, Any]]) -> None:

@@ -5,9 +5,12 @@ The top-level long-answer candidates become the paragraphs, in document order; a
 tokens without the HTML tag tokens (``<P>``, ``</Td>``, ...), joined by single spaces, and ``extra.candidates`` keeps
 which document tokens it is made of, so that a predicted span maps back to document token offsets exactly.
 Labels come from the first annotation with a long answer (train has one annotation, dev five): ``long_answer`` is
-the index of its top-level candidate (the enclosing one if the annotated candidate is nested), the short answers
-are the spans, ``answer_type`` is none / long / short (a yes/no answer counts as long; ``extra.yes_no_answer`` keeps
-it). All annotations are kept in ``extra.annotations`` for the official evaluation.
+the index of its top-level candidate, the paragraph the model learns to pick, the short answers are the spans,
+``answer_type`` is none / long / short (a yes/no answer counts as long; ``extra.yes_no_answer`` keeps it).
+The official gold is the annotated candidate itself: ``extra.long_answer_tokens`` keeps its own document token span
+and ``extra.annotations`` every annotation's spans, which the official evaluation compares with the predicted span.
+An annotated candidate nested in a top-level one (a table row, a list item) therefore differs from the paragraph
+the model answers with, and the converter counts such examples (``nested_long_answer``).
 """
 
 from __future__ import annotations
@@ -68,9 +71,10 @@ def _record(example: dict) -> QARecord:
 
     annotations = example.get("annotations") or []
     label = next((a for a in annotations if a["long_answer"]["candidate_index"] >= 0), None)
-    long_answer, answers, spans, yes_no = -1, [], [], "NONE"
+    long_answer, answers, spans, yes_no, long_tokens = -1, [], [], "NONE", [-1, -1]
     if label is not None:
         la = label["long_answer"]
+        long_tokens = [la["start_token"], la["end_token"]]
         # the top-level candidate that holds the annotated one (itself when it is top-level)
         long_answer = next(
             (
@@ -115,6 +119,7 @@ def _record(example: dict) -> QARecord:
                 for a in annotations
             ],
             "yes_no_answer": yes_no,
+            "long_answer_tokens": long_tokens,
         },
     )
 
@@ -122,9 +127,24 @@ def _record(example: dict) -> QARecord:
 def convert(path: str, args: argparse.Namespace, log: SkipLog) -> Iterator[QARecord]:
     for lineno, example in iter_json_lines(path, log):
         try:
-            yield _record(example)
+            record = _record(example)
         except (RecordError, KeyError, TypeError, IndexError) as e:
             reason = e.reason if isinstance(e, RecordError) else "malformed"
             detail = str(e) if isinstance(e, RecordError) else f"missing or bad field {e}"
             eid = example.get("example_id") if isinstance(example, dict) else None
             log.skip(f"{path}:{lineno} [{eid}]", reason, detail)
+            continue
+        if is_nested(record.extra):
+            log.lose(
+                f"{path}:{lineno} [{record.id}]",
+                "nested_long_answer",
+                f"the annotated long answer {record.extra['long_answer_tokens']} is nested in top-level candidate "
+                f"{record.long_answer}, the model's only way to answer it, which the official metric counts as wrong",
+            )
+        yield record
+
+
+def is_nested(extra: dict) -> bool:
+    """Whether the record's gold long answer is a candidate inside a top-level one rather than the paragraph."""
+    tokens = extra["long_answer_tokens"]
+    return tokens[0] >= 0 and not any([c["start_token"], c["end_token"]] == tokens for c in extra["candidates"])

@@ -1,0 +1,162 @@
+"""Natural Questions as the official nq_eval.py scores it: the 2-of-5 vote passed by eval.sh, the best-threshold
+numbers beside the all-answers ones, a prediction for every example id, and nested gold long answers."""
+
+import gzip
+import json
+import os
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit
+from fairseq_clusterformer.data.qa_predictions import nq_prediction, with_null_predictions
+from fairseq_clusterformer.ops import qa_metrics as m
+from fairseq_clusterformer.ops.qa_metrics import NQLabel
+from fairseq_clusterformer.ops.spans import AnswerPrediction
+from fairseq_clusterformer.scripts import qa_convert, qa_predict
+from tests.conftest import REPO
+from tests.test_qa_binarize import GPT2_FLAGS, binarize_ok, run_inprocess
+from tests.test_qa_convert import NQ_TEXT, nq_example
+
+TOKENS = NQ_TEXT.split(" ")
+TABLE = TOKENS.index("<Table>")
+NESTED = (TABLE + 1, len(TOKENS) - 1)  # the <Tr> row inside the top-level table, candidate 2 of nq_example
+
+
+def five(*long_spans):
+    """Five annotations: the given long answers, the rest null."""
+    spans = list(long_spans) + [(-1, -1)] * (5 - len(long_spans))
+    return [NQLabel(long_answer=s) for s in spans]
+
+
+def test_report_gives_best_threshold_numbers_beside_all_answers():
+    # long answers, 2-of-5 vote: a, b and c have gold; d does not. The confident predictions are right, the least
+    # confident one (score 0.1, on d) is wrong and a (score 0.2) is answered wrongly.
+    golds = {
+        "a": five((0, 5), (0, 5)),
+        "b": five((5, 9), (5, 9), (5, 9)),
+        "c": five((9, 12), (9, 12)),
+        "d": five((1, 2)),  # one vote: no gold answer
+    }
+    preds = {
+        "a": NQLabel(long_answer=(0, 4), long_score=0.2),
+        "b": NQLabel(long_answer=(5, 9), long_score=0.9),
+        "c": NQLabel(long_answer=(9, 12), long_score=0.8),
+        "d": NQLabel(long_answer=(1, 2), long_score=0.1),
+    }
+    scores = m.nq_scores(golds, preds, non_null_threshold=2)
+    # all answers: 2 correct of 4 predicted, 3 gold: P 1/2, R 2/3, F1 4/7; cut at 0.8: P 1, R 2/3, F1 0.8
+    assert scores["long-f1"] == pytest.approx(4 / 7)
+    assert scores["long-best-threshold-f1"] == pytest.approx(0.8)
+    assert scores["long-best-threshold-threshold"] == 0.8
+    every, best = qa_predict.nq_report(scores, 2)
+    assert every.startswith("| long F1 57.14 | short F1 0.00 |") and "long 50.00 / 66.67" in every
+    assert ">= 2 annotations" in every
+    assert best.startswith("| best threshold: long F1 80.00 (P 100.00 R 66.67 at score >= 0.8)")
+    # the official vote: with a threshold of 1, d's single annotation makes gold and its prediction right
+    assert m.nq_scores(golds, preds, non_null_threshold=1)["long-f1"] == pytest.approx(3 / 4)
+
+
+def fake_predict_tool(tmp_path):
+    """A stand-in for fairseq-clusterformer-qa-predict that prints the arguments eval.sh gives it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "fairseq-clusterformer-qa-predict"
+    tool.write_text('#!/usr/bin/env bash\necho "| args: $*"\n')
+    tool.chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("threshold, expected", [(None, "2"), ("1", "1")])
+def test_eval_sh_passes_the_nq_threshold(tmp_path, threshold, expected):
+    env = fake_predict_tool(tmp_path)
+    env.pop("NQ_THRESHOLD", None)
+    if threshold is not None:
+        env["NQ_THRESHOLD"] = threshold
+    script = REPO / "examples" / "qa" / "eval.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "data-bin/nq", "ckpt/checkpoint_best.pt"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    args = proc.stdout.split()
+    assert args[args.index("--nq-threshold") + 1] == expected
+
+
+def test_null_predictions_fill_every_missing_id_below_every_score():
+    given = {
+        7: {**nq_prediction_stub(7), "long_answer_score": -0.5, "short_answers_score": 3.0},
+        -3: {**nq_prediction_stub(-3), "long_answer_score": -2.0, "short_answers_score": float("-inf")},
+    }
+    written = with_null_predictions(given, [5, 7, -3, 11])
+    assert [p["example_id"] for p in written] == [5, 7, -3, 11]
+    assert written[1] == given[7] and written[2] == given[-3]
+    for filled in (written[0], written[3]):
+        # one below the lowest finite score, and a null answer that nq_eval.py reads as "no answer"
+        assert filled["long_answer_score"] == filled["short_answers_score"] == -3.0
+        assert filled["long_answer"]["start_token"] == -1 and filled["short_answers"] == []
+        assert set(filled["long_answer"]) == {"start_token", "end_token", "start_byte", "end_byte"}
+    with pytest.raises(ValueError, match="not in the split"):
+        with_null_predictions(given, [7])
+
+
+def nq_prediction_stub(example_id):
+    return {
+        "example_id": example_id,
+        "long_answer": {"start_token": 10, "end_token": 24, "start_byte": -1, "end_byte": -1},
+        "short_answers": [],
+        "yes_no_answer": "NONE",
+    }
+
+
+def binarized_nq(tmp_path, lines):
+    src = tmp_path / "nq.jsonl.gz"
+    src.write_bytes(gzip.compress("".join(json.dumps(x) + "\n" for x in lines).encode()))
+    code, converter_log = run_inprocess(qa_convert, "--format", "nq", src, tmp_path / "nq.jsonl")
+    assert code == 0, converter_log[-3000:]
+    binarize_ok(*GPT2_FLAGS, "--valid", tmp_path / "nq.jsonl", "--destdir", tmp_path / "bin")
+    return QABinarizedSplit(str(tmp_path / "bin"), "valid"), converter_log
+
+
+def test_prediction_script_writes_every_example_id(tmp_path, monkeypatch, capsys):
+    """The model reads only the first example (the dataset skipped the others); the file still has all three ids,
+    which is what nq_eval.py requires, and the skipped ones count as unanswered."""
+    data, _ = binarized_nq(tmp_path, [nq_example(), nq_example(7), nq_example(-3)])
+    meta = data.metas[0]
+    start, end = meta["spans"][0]
+    answer = AnswerPrediction(2, start, end, 5.0, meta["long_answer"], -0.1)
+    dataset = SimpleNamespace(report=lambda: "1 of 3 examples kept")
+    task = SimpleNamespace(answer_types=True, split_data=lambda split: data, dataset=lambda split: dataset)
+    monkeypatch.setattr(qa_predict, "load", lambda args: (None, task))
+    monkeypatch.setattr(qa_predict, "predict", lambda model, task, split, batch_size: iter([(0, answer)]))
+    out = tmp_path / "pred.json"
+    args = qa_predict.get_parser().parse_args([str(tmp_path / "bin"), "--path", "x.pt", "--output", str(out)])
+    scores = qa_predict.main(args)
+    written = json.loads(out.read_text())["predictions"]
+    assert [p["example_id"] for p in written] == [4417329003155830911, 7, -3]
+    assert written[0]["long_answer"]["start_token"] == 10 and written[0]["long_answer_score"] == -0.1
+    assert [p["long_answer"]["start_token"] for p in written[1:]] == [-1, -1]
+    assert max(p["long_answer_score"] for p in written[1:]) < -0.1
+    # single-annotation gold (threshold 1): 1 of 3 answered, and right
+    assert scores["long-precision"] == 1.0 and scores["long-recall"] == pytest.approx(1 / 3)
+    assert "1 of 3 questions answered" in capsys.readouterr().out
+
+
+def test_nested_gold_long_answer_keeps_its_own_span(tmp_path):
+    nested = {
+        "long_answer": {"start_token": NESTED[0], "end_token": NESTED[1], "candidate_index": 2},
+        "short_answers": [{"start_token": NESTED[1] - 5, "end_token": NESTED[1] - 2}],  # Vincent van Gogh
+        "yes_no_answer": "NONE",
+    }
+    data, converter_log = binarized_nq(tmp_path, [nq_example(-3, [nested] * 2), nq_example()])
+    assert "nested_long_answer=1" in converter_log  # the converter counts the example
+    meta = data.metas[0]
+    assert meta["long_answer"] == 1  # the model learns the enclosing table, its only paragraph for it
+    assert meta["extra"]["long_answer_tokens"] == list(NESTED)
+    assert data.metas[1]["extra"]["long_answer_tokens"] == [10, 24]  # a top-level gold is its candidate
+    gold = [m.nq_label_from_json(a) for a in meta["extra"]["annotations"]]
+    # the official rule compares spans: the table's span is not the annotated row's, the row's span is
+    table = nq_prediction(data.tokenizer, data[0].context, meta, "long", 1, 0.0)
+    assert (table["long_answer"]["start_token"], table["long_answer"]["end_token"]) == (TABLE, len(TOKENS))
+    assert m.score_long(gold, m.nq_label_from_json(table)) == (True, True, False, 0.0)
+    assert m.score_long(gold, NQLabel(long_answer=NESTED))[2]
