@@ -125,7 +125,7 @@ def test_prediction_script_writes_every_example_id(tmp_path, monkeypatch, capsys
     meta = data.metas[0]
     start, end = meta["spans"][0]
     answer = AnswerPrediction(2, start, end, 5.0, meta["long_answer"], -0.1)
-    dataset = SimpleNamespace(report=lambda: "1 of 3 examples kept")
+    dataset = SimpleNamespace(report=lambda: "1 of 3 examples kept", moves_positions=False)
     task = SimpleNamespace(answer_types=True, split_data=lambda split: data, dataset=lambda split: dataset)
     monkeypatch.setattr(qa_predict, "load", lambda args: (None, task))
     monkeypatch.setattr(qa_predict, "predict", lambda model, task, split, batch_size: iter([(0, answer)]))
@@ -160,3 +160,16 @@ def test_nested_gold_long_answer_keeps_its_own_span(tmp_path):
     assert (table["long_answer"]["start_token"], table["long_answer"]["end_token"]) == (TABLE, len(TOKENS))
     assert m.score_long(gold, m.nq_label_from_json(table)) == (True, True, False, 0.0)
     assert m.score_long(gold, NQLabel(long_answer=NESTED))[2]
+
+
+def test_prediction_script_refuses_contexts_cut_around_the_answers(tmp_path, monkeypatch):
+    """A training split cut around its gold paragraphs has moved offsets: NQ predictions would point elsewhere."""
+    from fairseq_clusterformer.scripts import qa_predict
+
+    dataset = SimpleNamespace(report=lambda: "3 of 3 examples kept", moves_positions=True)
+    task = SimpleNamespace(answer_types=True, split_data=lambda split: None, dataset=lambda split: dataset)
+    monkeypatch.setattr(qa_predict, "load", lambda args: (None, task))
+    monkeypatch.setattr(qa_predict, "predict", lambda model, task, split, batch_size: iter([]))
+    args = qa_predict.get_parser().parse_args([str(tmp_path), "--path", "x.pt", "--split", "train"])
+    with pytest.raises(SystemExit, match="--split train: its contexts were cut around the gold answers"):
+        qa_predict.main(args)

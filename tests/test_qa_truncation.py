@@ -177,3 +177,4 @@ def test_the_task_truncates_by_default_and_decodes_spans_in_the_cut_context(qa_d
             assert task.answer_text("train", item.index, start, end) in split.metas[item.index]["answers"]
         moved += not dataset.items[n].cut.is_prefix
     assert moved, "no gold paragraph ever lay past the limit: the data does not test answer-aware cuts"
+    assert dataset.moves_positions  # what qa_predict checks before writing NQ offsets

@@ -136,6 +136,12 @@ class QADataset(FairseqDataset):
             f"max context {self.limits.max_context_tokens} tokens, --context-overflow {self.limits.context_overflow})"
         )
 
+    @property
+    def moves_positions(self) -> bool:
+        """True when a cut moved paragraphs (a training split over the limit), so token offsets into the original
+        context no longer hold for those examples."""
+        return any(item.cut is not None and not item.cut.is_prefix for item in self.items)
+
     def model_context(self, example_index: int) -> torch.Tensor:
         """The context of example ``example_index`` of the split as the model reads it (N tokens, cut if it was)."""
         return cut_context(self.split[example_index].context, self.items[self._position[example_index]])

@@ -86,12 +86,19 @@ def main(args: argparse.Namespace) -> dict[str, float]:
     results = list(predict(model, task, args.split, args.batch_size))
     print(f"| {task.dataset(args.split).report()}")
     if not task.answer_types:
-        answers = {data.metas[i]["id"]: data.span_text(i, pred.start, pred.end) for i, pred in results}
+        # the text of the context the model read: a training split's cut may have moved its paragraphs
+        answers = {data.metas[i]["id"]: task.answer_text(args.split, i, pred.start, pred.end) for i, pred in results}
         write_squad_predictions(args.output, answers)
         scores = squad_scores({meta["id"]: meta["answers"] for meta in data.metas}, answers)
         print(f"| {args.split}: {len(answers)} of {len(data)} questions answered -> {args.output}")
         print(f"| EM {scores['exact_match']:.2f} | F1 {scores['f1']:.2f}")
         return scores
+    if task.dataset(args.split).moves_positions:
+        # NQ predictions carry token offsets of the original document, which a cut around the gold answers moves
+        raise SystemExit(
+            f"--split {args.split}: its contexts were cut around the gold answers (a training split over the context "
+            "limit); NQ predictions need the original offsets: predict a valid or test split"
+        )
     predictions = {}
     for i, pred in results:
         example = data[i]
