@@ -92,7 +92,7 @@ def test_tiny_qa_model_learns_to_answer(trained):
     assert em >= 25.0, last
     assert f1 >= em
     assert re.search(r"kmeans_refreshes[ =]([1-9])", out), "the centroids were never refreshed"
-    assert "bin/valid: 40 of 40 examples kept; skipped: none" in out
+    assert "bin/valid: 40 of 40 examples kept, 0 of them truncated (first tokens); skipped: none" in out
 
 
 def test_prediction_script_writes_squad_predictions_and_matches_validation(trained, qa_data, tmp_path):

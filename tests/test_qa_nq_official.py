@@ -170,6 +170,8 @@ def test_prediction_script_refuses_contexts_cut_around_the_answers(tmp_path, mon
     task = SimpleNamespace(answer_types=True, split_data=lambda split: None, dataset=lambda split: dataset)
     monkeypatch.setattr(qa_predict, "load", lambda args: (None, task))
     monkeypatch.setattr(qa_predict, "predict", lambda model, task, split, batch_size: iter([]))
-    args = qa_predict.get_parser().parse_args([str(tmp_path), "--path", "x.pt", "--split", "train"])
+    args = qa_predict.get_parser().parse_args(
+        [str(tmp_path), "--path", "x.pt", "--split", "train", "--output", str(tmp_path / "p.json")]
+    )
     with pytest.raises(SystemExit, match="--split train: its contexts were cut around the gold answers"):
         qa_predict.main(args)
