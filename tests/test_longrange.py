@@ -3,6 +3,7 @@ loops, the generator's dependency distances, and the breakdown on a model traine
 
 import itertools
 import json
+import random
 import re
 from math import comb
 
@@ -160,7 +161,9 @@ def test_recall_task_refuses_impossible_shapes(tmp_path):
     with pytest.raises(ValueError, match="--min-distance 20: must be at least"):
         recall_task.TaskShape(copies=1, copy_length=32, min_distance=20).check()
     with pytest.raises(ValueError, match="too many"):
-        recall_task.TaskShape(facts=0, copies=6, copy_length=32).check()
+        recall_task.TaskShape(facts=0, copies=9, copy_length=32).check()
+    with pytest.raises(ValueError, match="no room"):  # fits the word count, not the distances: lay_out says so
+        recall_task.document(recall_task.TaskShape(facts=0, copies=7, copy_length=32), random.Random(0))
     recall_task.TaskShape(facts=0, copies=2, copy_length=32).check()  # copies alone are a task
 
 
