@@ -84,12 +84,9 @@ class MemoryBank:
 
     def drop_nonfinite(self, states: Tensor) -> Tensor:
         """(N, C) -> (n, C): the rows without NaN/Inf; the dropped ones are counted in `num_nonfinite_dropped`."""
-        finite = torch.isfinite(states).all(dim=1)  # N
-        dropped = int((~finite).sum())
-        if not dropped:
-            return states
+        states, dropped = finite_rows(states)
         self.num_nonfinite_dropped += dropped
-        return states[finite]
+        return states
 
     def pick(self, count: int) -> Tensor | None:
         """Sorted indices of the rows to keep out of a batch of `count` finite rows (None = all of them).
@@ -179,3 +176,11 @@ class MemoryBank:
         self.total_seen = state["total_seen"]
         self.num_nonfinite_dropped = state["num_nonfinite_dropped"]
         self._generator.set_state(state["generator"])
+
+
+def finite_rows(states: Tensor) -> tuple[Tensor, int]:
+    """(N, C) -> the (n, C) rows without NaN/Inf, and how many were dropped (one diverged batch must not poison every
+    centroid)."""
+    finite = torch.isfinite(states).all(dim=1)  # N
+    dropped = int((~finite).sum())
+    return (states[finite] if dropped else states), dropped

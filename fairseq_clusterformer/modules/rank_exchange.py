@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.memory_bank import MemoryBank
+from fairseq_clusterformer.modules.memory_bank import MemoryBank, finite_rows
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,8 @@ def send_to_rank0(bank: MemoryBank, rows: Tensor) -> int:
     another would hold. Returns the NaN/Inf rows dropped on all ranks (counted in every rank's bank).
     """
     rank, size = world()
-    finite = torch.isfinite(rows).all(dim=1)  # n
-    rows = rows[finite]
-    counts = torch.tensor([rows.size(0), int((~finite).sum())], device=rows.device)
+    rows, dropped_here = finite_rows(rows)
+    counts = torch.tensor([rows.size(0), dropped_here], device=rows.device)
     every = [torch.zeros_like(counts) for _ in range(size)]
     dist.all_gather(every, counts)
     dropped = sum(int(c[1]) for c in every)

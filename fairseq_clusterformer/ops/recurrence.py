@@ -62,15 +62,18 @@ def log2_bins(distances: Tensor) -> Tensor:
     return torch.floor(torch.log2(distances.clamp(min=1).double())).long()
 
 
-def random_hit_chance(keys: Tensor, past: Tensor, targets: int = 2) -> Tensor:
+def random_hit_chance(keys: Tensor, past: Tensor, targets: Tensor | int = 2) -> Tensor:
     """Chance that ``keys`` positions drawn at random without replacement from ``past`` positions include at least
-    one of ``targets`` given positions: 1 - C(past - targets, keys) / C(past, keys), elementwise.
+    one of ``targets`` given positions: 1 - C(past - targets, keys) / C(past, keys), elementwise (``targets`` an int
+    or a tensor broadcast with the others).
 
     The reference for the mechanism statistic: a long-range layer whose clusters ignored content would still hit
     an earlier occurrence this often, just by attending to as many keys.
     """
     past, keys = past.double(), keys.double().clamp(max=past)
+    targets = torch.as_tensor(targets, device=past.device)
     miss = torch.ones_like(past)
-    for i in range(targets):  # C(a - t, k) / C(a, k) = prod_i (a - k - i) / (a - i)
-        miss = miss * ((past - keys - i) / (past - i)).clamp(min=0)
+    for i in range(int(targets.max())):  # C(a - t, k) / C(a, k) = prod_{i < t} (a - k - i) / (a - i)
+        factor = ((past - keys - i) / (past - i)).clamp(min=0)
+        miss = miss * torch.where(targets > i, factor, torch.ones_like(factor))
     return 1 - miss

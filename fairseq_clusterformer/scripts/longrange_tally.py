@@ -6,7 +6,6 @@ L = tokens of one input, R = scored tokens of one block, N = tokens of the split
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 
 import torch
 from torch import Tensor
@@ -56,29 +55,27 @@ class LayerCapture:
             handle.remove()
 
 
-class Sums:
-    """Token count and summed loss (nats) of one row of a table."""
+def row(tokens: int, loss: float) -> dict:
+    """One table row from a token count and its summed loss (nats)."""
+    mean = loss / tokens if tokens else float("nan")
+    return {"tokens": tokens, "loss_nats": mean, "loss_base2": mean / math.log(2)}
 
-    def __init__(self) -> None:
-        self.tokens, self.loss = 0, 0.0
 
-    def add(self, losses: Tensor) -> None:
-        self.tokens += losses.numel()
-        self.loss += float(losses.double().sum())
-
-    def row(self) -> dict:
-        mean = self.loss / self.tokens if self.tokens else float("nan")
-        return {"tokens": self.tokens, "loss_nats": mean, "loss_base2": mean / math.log(2)}
+BINS = 64  # log2 distance bins: int64 distances stay below 2^63
 
 
 class Tally:
+    """Token counts and summed losses per distance bucket and log2 distance bin, and the mechanism counts per
+    long-range layer, accumulated block by block."""
+
     def __init__(self, stream: Tensor, documents: Tensor, reach: int) -> None:
         self.previous = previous_occurrence(stream, documents)  # N
         self.reach = reach
-        self.total = Sums()
-        self.buckets = [Sums() for _ in BUCKETS]
-        self.bins: dict[int, Sums] = defaultdict(Sums)
-        self.hits: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])  # layer -> hits, chance, keys
+        self.bucket_tokens = torch.zeros(len(BUCKETS), dtype=torch.long)
+        self.bucket_loss = torch.zeros(len(BUCKETS), dtype=torch.float64)
+        self.bin_tokens = torch.zeros(BINS, dtype=torch.long)
+        self.bin_loss = torch.zeros(BINS, dtype=torch.float64)
+        self.hits: dict[int, Tensor] = {}  # layer -> (hits, random-key chance, keys) summed over far tokens, float64
         self.far_tokens = 0
         self.any_hits = 0
         self.kinds: dict[int, str] = {}
@@ -86,17 +83,15 @@ class Tally:
     def add(self, targets: Tensor, scores: Tensor, input_start: int, capture: LayerCapture, first: int) -> None:
         """targets: R stream positions; scores: R log-probs; input_start: first stream position the input showed;
         first: the input's first x position (x = [eos] + stream), which maps stream positions to query rows."""
-        losses = -scores
-        starts = torch.full_like(targets, input_start)
-        buckets = distance_buckets(targets, self.previous, starts, self.reach)  # R
-        self.total.add(losses)
-        for number in range(len(BUCKETS)):
-            self.buckets[number].add(losses[buckets == number])
+        losses = -scores.double()
+        buckets = distance_buckets(targets, self.previous, torch.full_like(targets, input_start), self.reach)  # R
+        self.bucket_tokens += torch.bincount(buckets, minlength=len(BUCKETS))
+        self.bucket_loss += torch.bincount(buckets, weights=losses, minlength=len(BUCKETS))
         before = self.previous[targets]
         seen = before >= input_start  # the earlier occurrence is in the input
-        bins = log2_bins(targets - before)
-        for b in bins[seen].unique().tolist():
-            self.bins[b].add(losses[seen & (bins == b)])
+        bins = log2_bins(targets[seen] - before[seen])
+        self.bin_tokens += torch.bincount(bins, minlength=BINS)
+        self.bin_loss += torch.bincount(bins, weights=losses[seen], minlength=BINS)
         far = buckets == BEYOND_REACH
         if not capture.pairs or not far.any():
             return
@@ -106,28 +101,26 @@ class Tally:
         predicted = before[far] - first  # x position p predicted stream[p] (-1: before the input)
         rows = torch.arange(queries.numel())
         any_hit = torch.zeros(queries.numel(), dtype=torch.bool)
-        for number, pairs in capture.pairs.items():
+        for number, pairs in capture.pairs.items():  # one entry per long-range layer
             seen_keys = pairs[queries]  # F x L: the keys of each far token's query
             hit = seen_keys[rows, held] | ((predicted >= 0) & seen_keys[rows, predicted.clamp(min=0)])
             keys = seen_keys.sum(-1)
-            chance = torch.where(
-                predicted >= 0,
-                random_hit_chance(keys, queries + 1, targets=2),
-                random_hit_chance(keys, queries + 1, targets=1),
-            )
-            tally = self.hits[number]
-            tally[0] += int(hit.sum())
-            tally[1] += float(chance.sum())
-            tally[2] += float(keys.double().sum())
+            chance = random_hit_chance(keys, queries + 1, targets=1 + (predicted >= 0).long())
+            counts = torch.stack([hit.double().sum(), chance.sum(), keys.double().sum()])  # 3
+            self.hits[number] = self.hits.get(number, torch.zeros(3, dtype=torch.float64)) + counts
             any_hit |= hit
         self.far_tokens += queries.numel()
         self.any_hits += int(any_hit.sum())
 
     def summary(self) -> dict:
+        tokens, loss = self.bucket_tokens.tolist(), self.bucket_loss.tolist()
         result = {
-            "total": self.total.row(),
-            "buckets": {name: self.buckets[i].row() for i, name in enumerate(BUCKETS)},
-            "distance_bins": [{"from": 2**b, "to": 2 ** (b + 1), **self.bins[b].row()} for b in sorted(self.bins)],
+            "total": row(sum(tokens), sum(loss)),
+            "buckets": {name: row(tokens[i], loss[i]) for i, name in enumerate(BUCKETS)},
+            "distance_bins": [
+                {"from": 2**b, "to": 2 ** (b + 1), **row(int(self.bin_tokens[b]), float(self.bin_loss[b]))}
+                for b in torch.nonzero(self.bin_tokens).flatten().tolist()
+            ],
         }
         if self.far_tokens:
             n = self.far_tokens
@@ -138,11 +131,11 @@ class Tally:
                     {
                         "layer": number,
                         "kind": self.kinds.get(number, ""),
-                        "hit_share": hits / n,
-                        "random_keys_hit_share": chance / n,
-                        "mean_keys": keys / n,
+                        "hit_share": float(counts[0]) / n,
+                        "random_keys_hit_share": float(counts[1]) / n,
+                        "mean_keys": float(counts[2]) / n,
                     }
-                    for number, (hits, chance, keys) in sorted(self.hits.items())
+                    for number, counts in sorted(self.hits.items())
                 ],
             }
         return result
