@@ -145,7 +145,7 @@ def test_nq_data_adds_the_answer_type_and_paragraph_heads(nq_data):
     assert task.answer_types and model.qa_heads.answer_type is not None
     sample = batch(task, "valid", [0, 1, 2])
     logits = model(**sample["net_input"])
-    assert logits["answer_type"].shape == (3, 3)
+    assert logits["answer_type"].shape == (3, 5)  # none, long, short, yes, no
     assert logits["paragraph"].shape == sample["net_input"]["context"].shape
     kinds = sample["answer_type"].tolist()
     assert set(kinds) <= {0, 2} and all((k == 0) == (la < 0) for k, la in zip(kinds, sample["long_answer"].tolist()))

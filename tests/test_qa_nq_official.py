@@ -1,5 +1,6 @@
 """Natural Questions as the official nq_eval.py scores it: the 2-of-5 vote passed by eval.sh, the best-threshold
-numbers beside the all-answers ones, a prediction for every example id, and nested gold long answers."""
+numbers beside the all-answers ones, a prediction for every example id (those the dataset, the binariser or the
+converter skipped included), and nested gold long answers."""
 
 import gzip
 import json
@@ -118,26 +119,60 @@ def binarized_nq(tmp_path, lines):
     return QABinarizedSplit(str(tmp_path / "bin"), "valid"), converter_log
 
 
+def run_predict(tmp_path, monkeypatch, data, results):
+    """qa_predict.main on binarised ``data`` with the model's answers replaced by ``results`` (example index,
+    AnswerPrediction): (scores, the written predictions)."""
+    dataset = SimpleNamespace(report=lambda: f"{len(results)} of {len(data)} examples kept", moves_positions=False)
+    task = SimpleNamespace(answer_types=True, split_data=lambda split: data, dataset=lambda split: dataset)
+    monkeypatch.setattr(qa_predict, "load", lambda args: (None, task))
+    monkeypatch.setattr(qa_predict, "predict", lambda model, task, split, batch_size: iter(results))
+    out = tmp_path / "pred.json"
+    args = qa_predict.get_parser().parse_args([str(tmp_path / "bin"), "--path", "x.pt", "--output", str(out)])
+    scores = qa_predict.main(args)
+    return scores, json.loads(out.read_text())["predictions"]
+
+
+def first_answer(data):
+    """The gold short answer of the first example as the model's answer."""
+    meta = data.metas[0]
+    start, end = meta["spans"][0]
+    return [(0, AnswerPrediction(2, start, end, 5.0, meta["long_answer"], -0.1))]
+
+
 def test_prediction_script_writes_every_example_id(tmp_path, monkeypatch, capsys):
     """The model reads only the first example (the dataset skipped the others); the file still has all three ids,
     which is what nq_eval.py requires, and the skipped ones count as unanswered."""
     data, _ = binarized_nq(tmp_path, [nq_example(), nq_example(7), nq_example(-3)])
-    meta = data.metas[0]
-    start, end = meta["spans"][0]
-    answer = AnswerPrediction(2, start, end, 5.0, meta["long_answer"], -0.1)
-    dataset = SimpleNamespace(report=lambda: "1 of 3 examples kept", moves_positions=False)
-    task = SimpleNamespace(answer_types=True, split_data=lambda split: data, dataset=lambda split: dataset)
-    monkeypatch.setattr(qa_predict, "load", lambda args: (None, task))
-    monkeypatch.setattr(qa_predict, "predict", lambda model, task, split, batch_size: iter([(0, answer)]))
-    out = tmp_path / "pred.json"
-    args = qa_predict.get_parser().parse_args([str(tmp_path / "bin"), "--path", "x.pt", "--output", str(out)])
-    scores = qa_predict.main(args)
-    written = json.loads(out.read_text())["predictions"]
+    scores, written = run_predict(tmp_path, monkeypatch, data, first_answer(data))
     assert [p["example_id"] for p in written] == [4417329003155830911, 7, -3]
     assert written[0]["long_answer"]["start_token"] == 10 and written[0]["long_answer_score"] == -0.1
     assert [p["long_answer"]["start_token"] for p in written[1:]] == [-1, -1]
     assert max(p["long_answer_score"] for p in written[1:]) < -0.1
     # single-annotation gold (threshold 1): 1 of 3 answered, and right
+    assert scores["long-precision"] == 1.0 and scores["long-recall"] == pytest.approx(1 / 3)
+    assert "1 of 3 questions answered" in capsys.readouterr().out
+
+
+def test_examples_skipped_before_the_dataset_get_null_predictions(tmp_path, monkeypatch, capsys):
+    """One example the converter skips (no top-level candidate) and one the binariser skips (a question over
+    --max-question-tokens): the file still holds their ids, and their gold answers count in the recall."""
+    no_top_level = nq_example(7)
+    for candidate in no_top_level["long_answer_candidates"]:
+        candidate["top_level"] = False
+    long_question = {**nq_example(-3), "question_text": "who " * 80 + "painted the starry night"}
+    data, _ = binarized_nq(tmp_path, [nq_example(), no_top_level, long_question])
+    assert len(data) == 1
+    skipped = data.config["splits"]["valid"]["skipped_examples"]
+    assert [(e["id"], e["example_id"], e["reason"]) for e in skipped] == [
+        ("7", 7, "empty_context"),
+        ("-3", -3, "question_too_long"),
+    ]
+    assert all(len(e["annotations"]) == 1 for e in skipped)
+    scores, written = run_predict(tmp_path, monkeypatch, data, first_answer(data))
+    assert [p["example_id"] for p in written] == [4417329003155830911, 7, -3]
+    assert [p["long_answer"]["start_token"] for p in written] == [10, -1, -1]
+    assert [p["yes_no_answer"] for p in written] == ["NONE"] * 3 and written[2]["short_answers"] == []
+    # all three have a gold long answer (threshold 1): 1 of 3 found
     assert scores["long-precision"] == 1.0 and scores["long-recall"] == pytest.approx(1 / 3)
     assert "1 of 3 questions answered" in capsys.readouterr().out
 

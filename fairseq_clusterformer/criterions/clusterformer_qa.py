@@ -13,6 +13,7 @@ from fairseq import metrics
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass
 
+from fairseq_clusterformer.data.qa_dataset import answer_type_of
 from fairseq_clusterformer.data.qa_predictions import answer_type_name
 from fairseq_clusterformer.ops.qa_metrics import NQLabel, exact_match, max_over_gold, score_long, score_short, token_f1
 from fairseq_clusterformer.ops.spans import (
@@ -120,17 +121,20 @@ class ClusterFormerQACriterion(FairseqCriterion):
 def nq_counts(sample, predictions: list[AnswerPrediction]) -> dict:
     counts = dict.fromkeys(NQ_COUNTS, 0)
     for row, (meta, pred) in enumerate(zip(sample["meta"], predictions)):
-        # NQ's rules in context-token space: a long answer is a paragraph, a short answer a set of spans;
+        # NQ's rules in context-token space: a long answer is a paragraph, a short answer a set of spans or a yes/no;
         # one annotation per binarised example, so one non-null annotation makes the gold answered
         gold_long = int(sample["long_answer"][row])
+        gold_kind = answer_type_of(meta)
         gold = NQLabel(
             long_answer=(gold_long, gold_long + 1) if gold_long >= 0 else None,
-            short_answers=[tuple(s) for s in meta["spans"]] if meta["answer_type"] == "short" else (),
+            short_answers=[tuple(s) for s in meta["spans"]] if gold_kind == "short" else (),
+            yes_no_answer=gold_kind.upper() if gold_kind in ("yes", "no") else "NONE",
         )
         kind = answer_type_name(pred.answer_type)
         pred_label = NQLabel(
             long_answer=(pred.paragraph, pred.paragraph + 1) if kind != "none" else None,
             short_answers=[(pred.start, pred.end)] if kind == "short" else (),
+            yes_no_answer=kind.upper() if kind in ("yes", "no") else "NONE",
         )
         for name, stat in (("long", score_long([gold], pred_label, 1)), ("short", score_short([gold], pred_label, 1))):
             gold_has, pred_has, correct, _ = stat

@@ -51,6 +51,17 @@ class QAItem:
     cut: ContextCut | None = None  # how a context over the limit was cut; None: the whole context
 
 
+def answer_type_of(meta: dict[str, Any]) -> str | None:
+    """The example's answer type (one of ANSWER_TYPES, None for span-only data). Data binarised before the yes/no
+    classes wrote a yes/no answer as "long" and kept the answer in ``extra.yes_no_answer``: it is read as yes / no,
+    so that such data trains and scores the yes/no classes without binarising it again."""
+    answer_type = meta.get("answer_type")
+    yes_no = str((meta.get("extra") or {}).get("yes_no_answer", "NONE")).lower()
+    if answer_type == "long" and yes_no in ("yes", "no"):
+        return yes_no
+    return answer_type
+
+
 def check_example(
     question_len: int, context: np.ndarray, meta: dict[str, Any], paragraph_id: int, limits: QALimits
 ) -> tuple[ContextCut, str | None]:
@@ -73,7 +84,7 @@ def check_example(
             return whole, "bad_span"
     if long_answer >= len(starts):
         return whole, "bad_long_answer"
-    answer_type = meta.get("answer_type")
+    answer_type = answer_type_of(meta)
     if answer_type is not None and answer_type not in ANSWER_TYPES:
         return whole, "bad_answer_type"
     cut = whole
@@ -88,7 +99,7 @@ def check_example(
     if limits.training:
         if answer_type in (None, "short") and not cut.spans:
             return cut, "no_gold_span_in_context"
-        if answer_type in ("long", "short") and cut.long_answer < 0:
+        if answer_type not in (None, "none") and cut.long_answer < 0:
             return cut, "no_long_answer_in_context"
     return cut, None
 
@@ -110,7 +121,7 @@ class QADataset(FairseqDataset):
             if reason is not None:
                 self.skipped[reason] += 1
                 continue
-            answer_type = meta.get("answer_type")
+            answer_type = answer_type_of(meta)
             kind = ANSWER_TYPES.index(answer_type) if answer_type is not None else -1
             truncated = cut.length < len(context)
             self.truncated += truncated

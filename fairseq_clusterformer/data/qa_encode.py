@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fairseq_clusterformer.data.qa_records import QARecord, RecordError, SkipLog
+from fairseq_clusterformer.data.qa_records import QARecord, RecordError, SkipLog, skipped_example
 from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_covering_tokens, char_span_to_tokens
 
 # one default for the binariser and the task: a larger binariser limit kept questions that training then skipped
@@ -58,7 +58,7 @@ class RecordEncoder:
         try:
             return self._encode(record, where, log, cut_at_answers)
         except RecordError as e:
-            log.skip(where, e.reason, str(e))
+            log.skip(where, e.reason, str(e), skipped_example(record.id, e.reason, record.extra))
             return None
 
     def _encode(self, record: QARecord, where: str, log: SkipLog, cut_at_answers: bool) -> EncodedExample:

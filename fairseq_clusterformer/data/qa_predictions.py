@@ -90,9 +90,11 @@ def nq_prediction(
 ) -> dict[str, Any]:
     """One official NQ prediction.
 
-    ``answer_type`` is "none" (null long and short answer), "long" (long answer only) or "short" (long answer and a
-    short span); ``long_paragraph`` indexes ``meta["paragraph_starts"]`` (the top-level candidates); ``short_span``
-    is an inclusive context token span.
+    ``answer_type`` is "none" (null long and short answer), "long" (long answer only), "short" (long answer and a
+    short span) or "yes" / "no" (long answer and ``yes_no_answer`` YES / NO, no short span: nq_eval.py rejects a
+    yes/no prediction with short spans); ``long_paragraph`` indexes ``meta["paragraph_starts"]`` (the top-level
+    candidates); ``short_span`` is an inclusive context token span. ``short_score`` is the short answer's score,
+    a yes/no answer's included.
     """
     if answer_type not in ANSWER_TYPES:
         raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, got {answer_type!r}")
@@ -113,7 +115,7 @@ def nq_prediction(
         "long_answer_score": float(long_score),
         "short_answers": short_answers,
         "short_answers_score": float(short_score),
-        "yes_no_answer": "NONE",
+        "yes_no_answer": answer_type.upper() if answer_type in ("yes", "no") else "NONE",
     }
 
 

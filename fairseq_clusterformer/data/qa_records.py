@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 # Natural Questions answer types, in the order of the answer-type head's classes (the dataset's labels index this);
-# a record of a span-only data set has answer_type None
-ANSWER_TYPES = ("none", "long", "short")
+# a record of a span-only data set has answer_type None. "yes" / "no" (the BERT-joint baseline's YES / NO classes: a
+# long answer whose short answer is the annotator's yes or no) come last, so that the first three classes of a
+# checkpoint trained before they existed keep their meaning.
+ANSWER_TYPES = ("none", "long", "short", "yes", "no")
 
 
 class RecordError(ValueError):
@@ -38,7 +40,7 @@ class QARecord:
     paragraphs: list[str]
     answers: list[str] = field(default_factory=list)
     spans: list[list[int]] = field(default_factory=list)  # [paragraph, char_start, char_end), end exclusive
-    answer_type: str | None = None  # Natural Questions only: "none" | "long" | "short"
+    answer_type: str | None = None  # Natural Questions only: one of ANSWER_TYPES
     long_answer: int = -1  # Natural Questions: index of the long-answer paragraph, -1 if none
     extra: dict[str, Any] = field(default_factory=dict)
     # Records that share one context (the questions of one SQuAD article) share a context_id; in a JSONL file only
@@ -125,14 +127,38 @@ def find_occurrences(paragraphs: list[str], answers: list[str]) -> list[list[int
     return [list(s) for s in sorted(spans)]
 
 
+def skipped_example(record_id: Any, reason: str, extra: Any) -> dict[str, Any]:
+    """What is kept of a skipped record: its id and reason, and from ``extra`` the data set's own id and gold
+    annotations (Natural Questions: ``example_id``, ``annotations``), which the official evaluation still expects."""
+    entry = {"id": record_id, "reason": reason}
+    if isinstance(extra, dict):
+        entry.update({k: extra[k] for k in ("example_id", "annotations") if k in extra})
+    return entry
+
+
+@dataclass
+class SkippedRecord:
+    """A line a converter writes for an example it could not turn into a record, so that the binariser and the
+    prediction script still know the example exists (nq_eval.py rejects a prediction file that misses an id)."""
+
+    id: str
+    reason: str
+    extra: dict[str, Any] = field(default_factory=dict)  # example_id and, when they could be read, annotations
+
+    def to_json(self) -> str:
+        return json.dumps({"id": self.id, "skipped": self.reason, "extra": self.extra}, ensure_ascii=False)
+
+
 class SkipLog:
-    """Counts skipped records and lost answers by reason, and prints a clear message for the first few of each."""
+    """Counts skipped records and lost answers by reason, and prints a clear message for the first few of each.
+    ``skipped_examples`` lists what ``skipped_example`` keeps of every skipped record that had an id."""
 
     def __init__(self, stream: TextIO | None = None, max_messages_per_reason: int = 20) -> None:
         self.stream = stream  # None: sys.stderr as it is when a message is printed
         self.max_messages = max_messages_per_reason
         self.skipped: Counter[str] = Counter()
         self.lost: Counter[str] = Counter()
+        self.skipped_examples: list[dict[str, Any]] = []
 
     def _say(self, counter: Counter[str], reason: str, message: str) -> None:
         counter[reason] += 1
@@ -144,9 +170,12 @@ class SkipLog:
                 file=self.stream or sys.stderr,
             )
 
-    def skip(self, where: str, reason: str, detail: str) -> None:
-        """A whole record is dropped; ``where`` names the file and record (``path:line`` or ``path [id]``)."""
+    def skip(self, where: str, reason: str, detail: str, example: dict[str, Any] | None = None) -> None:
+        """A whole record is dropped; ``where`` names the file and record (``path:line`` or ``path [id]``),
+        ``example`` is what ``skipped_example`` keeps of it (None: it has no id)."""
         self._say(self.skipped, reason, f"{where}: skipped ({reason}): {detail}")
+        if example is not None:
+            self.skipped_examples.append(example)
 
     def lose(self, where: str, reason: str, detail: str) -> None:
         """Part of a record (an answer, a span) is dropped while the record itself is kept."""
@@ -188,11 +217,17 @@ def iter_json_lines(path: str, log: SkipLog) -> Iterator[tuple[int, Any]]:
 def read_records(path: str, log: SkipLog) -> Iterator[tuple[str, QARecord]]:
     """Yield (``path:line [id]``, record) for every valid record of a QA JSONL file; invalid ones are logged, skipped.
 
-    A record without "paragraphs" takes those of the latest earlier record with the same "context_id".
+    A record without "paragraphs" takes those of the latest earlier record with the same "context_id". A line a
+    converter wrote for an example it skipped (``SkippedRecord``) is counted as skipped under the converter's reason.
     """
     contexts: dict[str, list[str]] = {}
     for lineno, obj in iter_json_lines(path, log):
         where = f"{path}:{lineno}"
+        if isinstance(obj, dict) and "skipped" in obj:
+            reason = str(obj["skipped"])
+            example = skipped_example(obj.get("id"), reason, obj.get("extra"))
+            log.skip(f"{where} [{obj.get('id')}]", reason, "the converter skipped this example", example)
+            continue
         try:
             if isinstance(obj, dict) and isinstance(obj.get("context_id"), str):
                 if "paragraphs" in obj:
@@ -207,6 +242,7 @@ def read_records(path: str, log: SkipLog) -> Iterator[tuple[str, QARecord]]:
         except (RecordError, TypeError) as e:
             reason = e.reason if isinstance(e, RecordError) else "malformed"
             rid = obj.get("id") if isinstance(obj, dict) else None
-            log.skip(f"{where} [{rid}]" if rid else where, reason, str(e))
+            example = skipped_example(rid, reason, obj.get("extra")) if rid else None
+            log.skip(f"{where} [{rid}]" if rid else where, reason, str(e), example)
             continue
         yield f"{where} [{record.id}]", record

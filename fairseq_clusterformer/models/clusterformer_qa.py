@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES, LongRangePlan, parse_layer_list
 from fairseq_clusterformer.modules.qa_encoder import ClusterFormerQAEncoder
-from fairseq_clusterformer.modules.qa_heads import QAHeads
+from fairseq_clusterformer.modules.qa_heads import QAHeads, add_missing_answer_types
 from fairseq_clusterformer.modules.qa_pretrained import (
     NEW_PREFIX,
     adapt_roberta_state,
@@ -148,10 +148,12 @@ class ClusterFormerQAModel(RobertaModel):
                 del state_dict[key]
             dict_path = self.pretrained_dict_path or safe_getattr(self.args, "roberta_dict", None)
             adapt_roberta_state(self, state_dict, prefix, pretrained_dictionary(dict_path))
+        elif self.qa_heads.answer_type is not None:
+            add_missing_answer_types(state_dict, prefix)  # a checkpoint from before the yes / no classes
 
     def forward(self, question, context, **unused):
         """question: B x q ids (no <s>/</s>), context: B x T ids, both right-padded. Returns a dict of logits:
-        start / end (B x T) and, for answer-type data, answer_type (B x 3) and paragraph (B x T)."""
+        start / end (B x T) and, for answer-type data, answer_type (B x len(ANSWER_TYPES)) and paragraph (B x T)."""
         return self.qa_heads(self.encoder.sentence_encoder.forward_qa(question, context))
 
     def max_positions(self):

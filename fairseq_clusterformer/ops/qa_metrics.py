@@ -122,6 +122,18 @@ def nq_label_from_json(annotation: Mapping) -> NQLabel:
     )
 
 
+def nq_prediction_from_json(prediction: Mapping) -> NQLabel:
+    """NQLabel of one official prediction, refused as nq_eval.py's reader refuses it: a yes_no_answer other than
+    yes / no / none (any case), or a yes/no answer beside a non-null short span."""
+    label = nq_label_from_json(prediction)
+    yes_no, where = label.yes_no_answer.lower(), f"prediction {prediction.get('example_id')!r}"
+    if yes_no not in ("yes", "no", "none"):
+        raise ValueError(f"{where}: invalid yes_no_answer {label.yes_no_answer!r}")
+    if yes_no != "none" and label.short_set():
+        raise ValueError(f"{where}: a yes/no answer and short answers cannot coexist (nq_eval.py refuses it)")
+    return label
+
+
 # one scored example: (gold has an answer, prediction has one, prediction is correct, prediction score)
 AnswerStat = tuple[bool, bool, bool, float]
 

@@ -6,9 +6,11 @@
 Bad records (malformed, empty context, answer offsets that do not match the text, questions over
 --max-question-tokens) are skipped with a message naming the file, line and id; answers beyond
 --max-context-tokens are dropped and counted. The counts per reason are printed at the end and stored in
-qa_config.json. Only training splits (named train or train*) are tokenised with a cut at every gold answer edge,
-so that their gold token spans are exactly the answers; the contexts of every other split are tokenised as if there
-were no answer (a cut would mark the answer in the input), and their gold spans are the tokens covering the answers.
+qa_config.json, and so are the skipped examples of an evaluation split (their ids and NQ gold annotations, with
+those the converter skipped), for the prediction script to answer them with a null answer. Only training splits
+(named train or train*) are tokenised with a cut at every gold answer edge, so that their gold token spans are
+exactly the answers; the contexts of every other split are tokenised as if there were no answer (a cut would mark
+the answer in the input), and their gold spans are the tokens covering the answers.
 Every output file is written under a temporary name and renamed once its split is complete.
 """
 
@@ -24,7 +26,7 @@ from fairseq.data import Dictionary
 from fairseq_clusterformer.data.atomic_files import atomic_group, atomic_open
 from fairseq_clusterformer.data.qa_binarized import CONFIG, QABinarizedWriter, load_config, save_config
 from fairseq_clusterformer.data.qa_encode import MAX_QUESTION_TOKENS, RecordEncoder
-from fairseq_clusterformer.data.qa_records import SkipLog, find_occurrences, read_records
+from fairseq_clusterformer.data.qa_records import SkipLog, find_occurrences, read_records, skipped_example
 from fairseq_clusterformer.data.qa_tokenizers import (
     PARAGRAPH_TOKEN,
     GPT2BPETokenizer,
@@ -125,7 +127,13 @@ def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionar
                 continue
             if not example.meta["gold_in_context"]:
                 if args.drop_unreachable:
-                    log.skip(where, "answer_not_in_context", "no gold answer lies in the kept context")
+                    reason = "answer_not_in_context"
+                    log.skip(
+                        where,
+                        reason,
+                        "no gold answer lies in the kept context",
+                        skipped_example(record.id, reason, record.extra),
+                    )
                     continue
                 unreachable += 1
             writer.add(example)
@@ -137,7 +145,7 @@ def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionar
         f"{unreachable} kept with their gold answer outside the context",
         file=sys.stderr,
     )
-    return {
+    summary = {
         "source": os.path.abspath(path),
         "examples": writer.count,
         "cut_at_answers": cut,
@@ -145,6 +153,12 @@ def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionar
         "skipped": dict(sorted(log.skipped.items())),
         "answers_lost": dict(sorted(log.lost.items())),
     }
+    if not cut:
+        # an evaluation split's prediction file must name every example (nq_eval.py rejects one that misses an id):
+        # the prediction script writes a null answer for each of these. Not kept for a training split, where
+        # --drop-unreachable may skip a large share and nothing is predicted.
+        summary["skipped_examples"] = log.skipped_examples
+    return summary
 
 
 def main(args: argparse.Namespace) -> None:

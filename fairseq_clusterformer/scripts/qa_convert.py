@@ -6,8 +6,9 @@
     fairseq-clusterformer-qa-convert --format nq simplified-nq-train.jsonl.gz nq-train.jsonl
 
 The record format is described in fairseq_clusterformer/data/qa_records.py. Bad records are skipped with a message
-naming the file and record, and counted per reason at the end. The output is written under a temporary name and
-renamed when complete.
+naming the file and record, and counted per reason at the end; a converter that must keep the ids of the examples
+it skips (NQ, whose official evaluation needs every id) writes a ``SkippedRecord`` line for each. The output is
+written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import os
 import sys
 
 from fairseq_clusterformer.data.atomic_files import atomic_open
-from fairseq_clusterformer.data.qa_records import RecordError, SkipLog
+from fairseq_clusterformer.data.qa_records import RecordError, SkipLog, SkippedRecord
 
 FORMATS = ("squad", "quasart", "searchqa", "nq")
 
@@ -48,6 +49,9 @@ def main(args: argparse.Namespace) -> int:
     with atomic_open(args.output) as out:
         seen_contexts = set()
         for record in module.convert(args.input, args, log):
+            if isinstance(record, SkippedRecord):
+                out.write(record.to_json() + "\n")  # already counted in the log; the binariser reads it as skipped
+                continue
             try:
                 record.validate()
             except RecordError as e:

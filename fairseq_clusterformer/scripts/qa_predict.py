@@ -7,7 +7,8 @@ every written answer and at the best score threshold, as nq_eval.py reports them
 
 SQuAD, Quasar-T and SearchQA get ``{"question id": "answer"}`` (evaluate-v1.1.py's input); Natural Questions
 data (answer types in the meta) gets nq_eval.py's ``{"predictions": [...]}``, with a null answer for every example
-the model could not take, since nq_eval.py rejects a file that misses an id. Scores average over every question
+the model could not take and every one the converter or the binariser skipped (qa_config.json lists them), since
+nq_eval.py rejects a file that misses an id. Scores average over every question
 of the split: one the model could not take (a context over --max-context-eval, ...) counts as unanswered.
 """
 
@@ -18,6 +19,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from fairseq import checkpoint_utils, utils
@@ -29,7 +31,13 @@ from fairseq_clusterformer.data.qa_predictions import (
     write_nq_predictions,
     write_squad_predictions,
 )
-from fairseq_clusterformer.ops.qa_metrics import NQLabel, nq_label_from_json, nq_scores, squad_scores
+from fairseq_clusterformer.ops.qa_metrics import (
+    NQLabel,
+    nq_label_from_json,
+    nq_prediction_from_json,
+    nq_scores,
+    squad_scores,
+)
 from fairseq_clusterformer.ops.spans import AnswerPrediction
 
 logger = logging.getLogger("fairseq_clusterformer.qa_predict")
@@ -112,20 +120,36 @@ def main(args: argparse.Namespace) -> dict[str, float]:
             (pred.start, pred.end),
             pred.span_score,
         )
-    # nq_eval.py needs a prediction for every example id: the ones the dataset skipped get a null answer
-    example_ids = [meta["extra"]["example_id"] for meta in data.metas]
-    written = with_null_predictions(predictions, example_ids)
+    # nq_eval.py needs a prediction for every example id: the ones the dataset skipped, and the ones the converter
+    # or the binariser skipped (qa_config.json lists them), get a null answer
+    golds = nq_golds(data.metas, skipped_before(data.config, args.split))
+    written = with_null_predictions(predictions, list(golds))
     write_nq_predictions(args.output, written)
-    golds = {
-        meta["extra"]["example_id"]: [nq_label_from_json(a) for a in meta["extra"].get("annotations", [])]
-        or [NQLabel()]
-        for meta in data.metas
-    }
-    scores = nq_scores(golds, {p["example_id"]: nq_label_from_json(p) for p in written}, args.nq_threshold)
-    print(f"| {args.split}: {len(predictions)} of {len(data)} questions answered -> {args.output}")
+    scores = nq_scores(golds, {p["example_id"]: nq_prediction_from_json(p) for p in written}, args.nq_threshold)
+    before = len(golds) - len(data)
+    print(
+        f"| {args.split}: {len(predictions)} of {len(golds)} questions answered -> {args.output}"
+        + (f"; {before} of the ids were skipped by the converter or the binariser" if before else "")
+    )
     for line in nq_report(scores, args.nq_threshold):
         print(line)
     return scores
+
+
+def skipped_before(config: dict, split: str) -> list[dict]:
+    """The examples of ``split`` that the converter or the binariser skipped, with the data set's id (a binarised
+    directory written before they were recorded has none)."""
+    entries = config.get("splits", {}).get(split, {}).get("skipped_examples", [])
+    return [e for e in entries if "example_id" in e]
+
+
+def nq_golds(metas: list[dict], skipped: list[dict]) -> dict[Any, list[NQLabel]]:
+    """The official gold of every example id: the binarised examples', then the skipped ones' (an example without
+    readable annotations counts as having no gold answer)."""
+    golds = {}
+    for item in [meta["extra"] for meta in metas] + skipped:
+        golds[item["example_id"]] = [nq_label_from_json(a) for a in item.get("annotations") or []] or [NQLabel()]
+    return golds
 
 
 def nq_report(scores: dict[str, float], non_null_threshold: int) -> list[str]:

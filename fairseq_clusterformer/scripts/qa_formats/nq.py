@@ -6,11 +6,14 @@ tokens without the HTML tag tokens (``<P>``, ``</Td>``, ...), joined by single s
 which document tokens it is made of, so that a predicted span maps back to document token offsets exactly.
 Labels come from the first annotation with a long answer (train has one annotation, dev five): ``long_answer`` is
 the index of its top-level candidate, the paragraph the model learns to pick, the short answers are the spans,
-``answer_type`` is none / long / short (a yes/no answer counts as long; ``extra.yes_no_answer`` keeps it).
+``answer_type`` is none / long / short / yes / no (the BERT-joint baseline's classes: short when the annotation has
+short spans, else its yes/no answer, else long; ``extra.yes_no_answer`` keeps the yes/no answer too).
 The official gold is the annotated candidate itself: ``extra.long_answer_tokens`` keeps its own document token span
 and ``extra.annotations`` every annotation's spans, which the official evaluation compares with the predicted span.
 An annotated candidate nested in a top-level one (a table row, a list item) therefore differs from the paragraph
 the model answers with, and the converter counts such examples (``nested_long_answer``).
+An example that cannot be converted is written as a ``SkippedRecord`` line (its example_id and, when they can be
+read, its annotations), so that the prediction file can still answer it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import argparse
 import re
 from collections.abc import Iterator
 
-from fairseq_clusterformer.data.qa_records import QARecord, RecordError, SkipLog, iter_json_lines
+from fairseq_clusterformer.data.qa_records import QARecord, RecordError, SkipLog, SkippedRecord, iter_json_lines
 
 _HTML = re.compile(r"^</?[A-Za-z][^<>]*>$")
 
@@ -95,7 +98,9 @@ def _record(example: dict) -> QARecord:
             spans.append([p, start, end])
             if paragraphs[p][start:end] not in answers:
                 answers.append(paragraphs[p][start:end])
-    answer_type = "none" if long_answer < 0 else ("short" if spans else "long")
+    # short spans win over a yes/no answer, as in the baseline (an annotation has one or the other in NQ)
+    yes_no_type = {"YES": "yes", "NO": "no"}.get(str(yes_no).upper(), "long")
+    answer_type = "none" if long_answer < 0 else "short" if spans else yes_no_type
     return QARecord(
         id=str(example["example_id"]),
         question=example["question_text"],
@@ -107,24 +112,37 @@ def _record(example: dict) -> QARecord:
         extra={
             "example_id": example["example_id"],
             "candidates": infos,
-            "annotations": [
-                {
-                    "long_answer": {k: a["long_answer"][k] for k in ("start_token", "end_token", "candidate_index")},
-                    "short_answers": [
-                        {"start_token": s["start_token"], "end_token": s["end_token"]}
-                        for s in a.get("short_answers") or []
-                    ],
-                    "yes_no_answer": a.get("yes_no_answer", "NONE"),
-                }
-                for a in annotations
-            ],
+            "annotations": _annotations(annotations),
             "yes_no_answer": yes_no,
             "long_answer_tokens": long_tokens,
         },
     )
 
 
-def convert(path: str, args: argparse.Namespace, log: SkipLog) -> Iterator[QARecord]:
+def _annotations(annotations: list) -> list[dict]:
+    """The official gold of every annotation, in token offsets (what nq_eval.py compares)."""
+    return [
+        {
+            "long_answer": {k: a["long_answer"][k] for k in ("start_token", "end_token", "candidate_index")},
+            "short_answers": [
+                {"start_token": s["start_token"], "end_token": s["end_token"]} for s in a.get("short_answers") or []
+            ],
+            "yes_no_answer": a.get("yes_no_answer", "NONE"),
+        }
+        for a in annotations
+    ]
+
+
+def _skipped(example: dict, reason: str) -> SkippedRecord:
+    extra = {"example_id": example["example_id"]}
+    try:
+        extra["annotations"] = _annotations(example.get("annotations") or [])
+    except (KeyError, TypeError, AttributeError):
+        pass  # unreadable annotations: the prediction script counts the example as having no gold answer
+    return SkippedRecord(id=str(example["example_id"]), reason=reason, extra=extra)
+
+
+def convert(path: str, args: argparse.Namespace, log: SkipLog) -> Iterator[QARecord | SkippedRecord]:
     for lineno, example in iter_json_lines(path, log):
         try:
             record = _record(example)
@@ -133,6 +151,8 @@ def convert(path: str, args: argparse.Namespace, log: SkipLog) -> Iterator[QARec
             detail = str(e) if isinstance(e, RecordError) else f"missing or bad field {e}"
             eid = example.get("example_id") if isinstance(example, dict) else None
             log.skip(f"{path}:{lineno} [{eid}]", reason, detail)
+            if isinstance(eid, (int, str)) and not isinstance(eid, bool):
+                yield _skipped(example, reason)  # the binariser records it, the prediction script answers it null
             continue
         if is_nested(record.extra):
             log.lose(
