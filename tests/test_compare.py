@@ -11,7 +11,7 @@ import pytest
 from fairseq import options
 
 from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES
-from fairseq_clusterformer.scripts import compare_lm
+from fairseq_clusterformer.scripts import compare_data, compare_lm
 from fairseq_clusterformer.scripts.compare_presets import PRESETS, ROWS, train_args
 from tests.conftest import PACKAGE, REPO, SLICE
 
@@ -52,11 +52,11 @@ def test_every_row_of_a_level_gets_the_same_model_and_schedule(preset, tmp_path)
 
 def test_evaluation_text_is_cut_between_articles():
     lines = (SLICE / "valid.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-    cut = compare_lm.split_at_article(lines)
+    cut = compare_data.split_at_article(lines)
     assert 0 < cut < len(lines)
     assert not lines[cut].strip() and re.fullmatch(r" = [^=].* = \n", lines[cut + 1])  # a new article opens there
     plain = [f"line {i}\n" for i in range(10)]
-    assert compare_lm.split_at_article(plain) == 5
+    assert compare_data.split_at_article(plain) == 5
 
 
 def run_compare(work, *args):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.scripts import compare_lm
+from fairseq_clusterformer.scripts import compare_data, compare_lm
 from tests.conftest import REPO
 
 DATA = REPO / "examples" / "data"
@@ -124,7 +124,7 @@ def test_default_data_paths_are_committed_files(monkeypatch):
 
 def test_a_missing_default_names_its_flag(tmp_path, monkeypatch, capsys):
     gone = tmp_path / "no-examples" / "input.txt"
-    monkeypatch.setitem(compare_lm.DEFAULT_DATA, "--char-text", gone)
+    monkeypatch.setitem(compare_data.DEFAULT_DATA, "--char-text", gone)
     assert compare_lm.main(["--work", str(tmp_path / "work"), "--levels", "char"]) == 2
     err = capsys.readouterr().err
     assert f"--char-text: the default {gone} is not here" in err and "pass --char-text FILE" in err
