@@ -69,12 +69,14 @@ class SortedWindowLayer(WindowedTransformerLayer):
         if not self.band:
             raise ValueError("only --cluster-causality strict layers can be cached (paper mode is not causal)")
         groups = self.band_groups(self.step_group_ids(x, position), None)[:, :, 0].t()  # B x n
-        per_set = self.band_group_count()
-        rows = groups + torch.arange(groups.size(1), device=x.device) * per_set  # B x n: row of (set j, group)
+        sets = groups.size(1)
         if not cache:
-            width = x.size(-1) // groups.size(1)
-            kv, count = empty_rows(x.size(0), groups.size(1) * per_set, self.settings.window_size - 1, width, x)
+            width = x.size(-1) // sets
+            rows = sets * self.band_group_count()  # read from the group table once, not at every step
+            kv, count = empty_rows(x.size(0), rows, self.settings.window_size - 1, width, x)
             cache = {"kv": kv, "count": count}
+        per_set = cache["count"].size(1) // sets
+        rows = groups + torch.arange(sets, device=x.device) * per_set  # B x n: the row of (set j, group)
         return self.step_band(x, cache, rows)
 
     def attention_layouts(self, ids: Tensor, padding_mask: Tensor | None) -> list[tuple[Tensor, Tensor, Tensor]]:
@@ -135,5 +137,5 @@ class NeighbourGroupLayer(SortedWindowLayer):
         return band_group_ids(ids, self.group_table, padding_mask)  # n x B x T
 
     def band_group_count(self) -> int:
-        # the table's values run 0..G (the shifted groupings have one group more); read once per step, on the host
+        # the table's values run 0..G (the shifted groupings have one group more)
         return int(self.group_table.max()) + 1
