@@ -133,6 +133,15 @@ def long_range_plan(args) -> LongRangePlan:
 
 @register_model("clusterformer_lm", dataclass=ClusterFormerLMConfig)
 class ClusterFormerLanguageModel(TransformerLanguageModel):
+    """``ClusterFormerLanguageModel.from_pretrained(checkpoint_dir, "checkpoint_best.pt", data_name_or_path=data_bin)``
+    (fairseq's own loader) returns fairseq's ``GeneratorHubInterface``: ``lm.sample(text)``, ``lm.score(text)``,
+    ``lm.generate(tokens)`` as for transformer_lm, generating from the decoder's cache."""
+
+    @classmethod
+    def hub_models(cls):
+        # transformer_lm's names point at transformer_lm checkpoints: none of them is a Cluster-Former model
+        return {}
+
     @classmethod
     def build_model(cls, args, task):
         _reject_unsupported(args)

@@ -55,3 +55,7 @@ class StridedSparseLayer(SortedWindowLayer):
 
     def group_ids(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
         return offset_groups(x.size(0), x.size(1), self.num_groups, padding_mask, device=x.device)
+
+    def step_group_ids(self, x: Tensor, position: int) -> Tensor:
+        # the group is the offset t mod m of the token's position, not of its place in a one-token input
+        return torch.full((x.size(0), 1), position % self.num_groups, dtype=torch.long, device=x.device)  # B x 1

@@ -10,9 +10,10 @@ import torch
 from torch import Tensor
 
 from fairseq_clusterformer.modules.layer_settings import LayerSettings, check_long_range
-from fairseq_clusterformer.modules.windowed_layer import WindowedTransformerLayer
+from fairseq_clusterformer.modules.windowed_layer import StepCache, WindowedTransformerLayer
 from fairseq_clusterformer.ops.cluster_groups import band_group_ids, cluster_to_group, uniform_shares
 from fairseq_clusterformer.ops.clustering import gather_tokens, stable_sort
+from fairseq_clusterformer.ops.step_cache import empty_rows
 from fairseq_clusterformer.ops.window_scheme import WindowScheme
 
 
@@ -47,6 +48,36 @@ class SortedWindowLayer(WindowedTransformerLayer):
         """n x B x T: the groups whose recent past the strict mode attends to, one row per head set (pads last).
         By default the groups themselves, for every head (the sparse baseline's exact strided pattern)."""
         return ids[None]
+
+    def step_group_ids(self, x: Tensor, position: int) -> Tensor:
+        """B x 1 group ids of one appended token (x: B x 1 x C) at ``position``; a token's group depends on that
+        token alone, so this is ``group_ids`` of the token by itself (the sparse baseline also needs its position)."""
+        return self.group_ids(x, None)
+
+    def band_group_count(self) -> int:
+        """How many values ``band_groups`` gives a real token (one per group, per grouping)."""
+        return self.num_groups
+
+    @property
+    def cacheable(self) -> bool:
+        # paper causality windows the sorted sequence: a later token of a lower group moves earlier tokens' windows
+        return self.band
+
+    def forward_step(self, x: Tensor, cache: StepCache, position: int) -> tuple[Tensor, StepCache]:
+        """The strict mode for one appended token (x: B x 1 x C): the cache holds, per head set and group, the keys
+        and values of the group's ``l - 1`` most recent tokens (``ops.step_cache``)."""
+        if not self.band:
+            raise ValueError("only --cluster-causality strict layers can be cached (paper mode is not causal)")
+        groups = self.band_groups(self.step_group_ids(x, position), None)[:, :, 0].t()  # B x n
+        sets = groups.size(1)
+        if not cache:
+            width = x.size(-1) // sets
+            rows = sets * self.band_group_count()  # read from the group table once, not at every step
+            kv, count = empty_rows(x.size(0), rows, self.settings.window_size - 1, width, x)
+            cache = {"kv": kv, "count": count}
+        per_set = cache["count"].size(1) // sets
+        rows = groups + torch.arange(sets, device=x.device) * per_set  # B x n: the row of (set j, group)
+        return self.step_band(x, cache, rows)
 
     def attention_layouts(self, ids: Tensor, padding_mask: Tensor | None) -> list[tuple[Tensor, Tensor, Tensor]]:
         """Who attends to whom, for statistics (the inspector, the reach benchmark), one entry per head set:
@@ -104,3 +135,7 @@ class NeighbourGroupLayer(SortedWindowLayer):
 
     def band_groups(self, ids: Tensor, padding_mask: Tensor | None) -> Tensor:
         return band_group_ids(ids, self.group_table, padding_mask)  # n x B x T
+
+    def band_group_count(self) -> int:
+        # the table's values run 0..G (the shifted groupings have one group more)
+        return int(self.group_table.max()) + 1

@@ -20,9 +20,13 @@ from torch import Tensor, nn
 from fairseq_clusterformer.modules.layer_settings import WINDOW_MERGE_CHOICES, LayerSettings
 from fairseq_clusterformer.ops.attention import masked_attention
 from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation
+from fairseq_clusterformer.ops.step_cache import gather_rows, push_recent, push_rows, ring_filled, step_window_mask
 from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
 
-__all__ = ["WINDOW_MERGE_CHOICES", "LayerSettings", "SlidingWindowLayer", "WindowedTransformerLayer"]
+__all__ = ["WINDOW_MERGE_CHOICES", "LayerSettings", "SlidingWindowLayer", "StepCache", "WindowedTransformerLayer"]
+
+# one layer's generation cache: named tensors, batch first (``ClusterFormerDecoder`` reorders them for beam search)
+StepCache = dict[str, Tensor]
 
 
 class SelfAttentionProjections(nn.Module):
@@ -130,6 +134,43 @@ class WindowedTransformerLayer(nn.Module):
             outs.append(gather_tokens(attn, inverse_permutation(order)))  # B x T x C/n, input order
         return self._finish(x, proj.out_proj(torch.cat(outs, dim=-1)))  # B x T x C
 
+    @property
+    def cacheable(self) -> bool:
+        """Whether ``forward_step`` computes what ``forward`` computes: earlier outputs must not depend on later
+        tokens, which a causal sliding window guarantees."""
+        return self.settings.causal
+
+    def forward_step(self, x: Tensor, cache: StepCache, position: int) -> tuple[Tensor, StepCache]:
+        """The output of one appended token (x: B x 1 x C, at ``position``) from the layer's cache; returns the
+        output (B x 1 x C) and the updated cache."""
+        raise NotImplementedError
+
+    def _step_projections(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v of new tokens (B x 1 x C each), as ``run_windows`` and ``run_band`` project them."""
+        h = self.self_attn_layer_norm(x) if self.settings.normalize_before else x
+        return self.self_attn.q_proj(h), self.self_attn.k_proj(h), self.self_attn.v_proj(h)
+
+    def step_band(self, x: Tensor, cache: StepCache, rows: Tensor) -> tuple[Tensor, StepCache]:
+        """``run_band`` for one appended token (x: B x 1 x C): head set j attends to the token itself and the
+        cached keys of its group, ring buffer row ``rows[:, j]`` (B x n) of ``cache`` (``kv``: B x R x (l-1) x 2 x
+        C/n keys and values, ``count``: B x R entries received); the token's key and value then enter those rows."""
+        bsz, _, channels = x.shape
+        sets = rows.size(1)
+        width = channels // sets
+        q, k, v = self._step_projections(x)
+        # B x 2 x C -> B x n x 2 x C/n: set j takes channels j*C/n..(j+1)*C/n of the key and of the value
+        new = torch.cat([k, v], dim=1).view(bsz, 2, sets, width).transpose(1, 2)
+        past = gather_rows(cache["kv"], rows)  # B x n x (l-1) x 2 x C/n
+        both = torch.cat([past, new.unsqueeze(2)], dim=2).flatten(0, 1)  # (B*n) x l x 2 x C/n, the token last
+        filled = ring_filled(gather_rows(cache["count"], rows), past.size(2))  # B x n x (l-1)
+        allowed = torch.cat([filled, filled.new_ones(bsz, sets, 1)], dim=2).flatten(0, 1)  # (B*n) x l
+        queries = q.view(bsz * sets, 1, width)  # (B*n) x 1 x C/n
+        heads = self.settings.heads // sets
+        attn = masked_attention(queries, both[:, :, 0], both[:, :, 1], allowed[:, None], heads)  # (B*n) x 1 x C/n
+        out = self._finish(x, self.self_attn.out_proj(attn.view(bsz, 1, channels)))  # B x 1 x C: sets side by side
+        push_rows(cache["kv"], cache["count"], rows, new)
+        return out, cache
+
     def _finish(self, x: Tensor, attn: Tensor) -> Tensor:
         """Residual, attention norm and FFN block on any ... x C layout."""
         y = x + self._dropout(attn, self.settings.dropout)
@@ -154,3 +195,20 @@ class SlidingWindowLayer(WindowedTransformerLayer):
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1))
         return self.run_windows(x, scheme, padding_mask)
+
+    def forward_step(self, x: Tensor, cache: StepCache, position: int) -> tuple[Tensor, StepCache]:
+        """One appended token (x: B x 1 x C): every window that contains it attends from its start to the token, over
+        the cached keys and values of the ``l - 1`` positions before it (``k``, ``v``: B x L x C, L <= l - 1)."""
+        s = self.settings
+        q, k, v = self._step_projections(x)
+        keys = push_recent(cache.get("k"), k, s.window_size)  # B x L+1 x C, the new token last
+        values = push_recent(cache.get("v"), v, s.window_size)  # B x L+1 x C
+        allowed = step_window_mask(position, keys.size(1), s.window_size, s.window_stride, x.device)  # W x (L+1)
+        count = allowed.size(0)
+        # the query once per window: W "queries" that differ only in their masks
+        attn = masked_attention(q.expand(-1, count, -1), keys, values, allowed.expand(x.size(0), -1, -1), s.heads)
+        if s.window_merge == "attention":
+            out = self._finish(x, self.self_attn.out_proj(attn.mean(dim=1, keepdim=True)))  # B x 1 x C
+        else:
+            out = self._finish(x.expand(-1, count, -1), self.self_attn.out_proj(attn)).mean(dim=1, keepdim=True)
+        return out, {"k": keys[:, 1 - s.window_size :], "v": values[:, 1 - s.window_size :]}
