@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # SQuAD (https://rajpurkar.github.io/SQuAD-explorer/) as long-context QA: each article is one context.
-#   bash examples/qa/prepare_squad.sh [--version 1.1|2.0] [--data DIR] [--split-dev N] [--out DIR] [--bpe-dir DIR]
-#       [--spm-vocab N]
+#   bash examples/qa/prepare_squad.sh [--version 1.1|2.0] [--contexts article|paragraph] [--data DIR] [--split-dev N]
+#       [--out DIR] [--bpe-dir DIR] [--spm-vocab N]
+# --contexts paragraph: each question's context is its own paragraph (SQuAD's usual setting) instead of its article.
 # --data DIR: use DIR/train-vV.json and DIR/dev-vV.json instead of downloading them.
 # --split-dev N: no training file; the first N articles of dev-vV.json are the train split, the rest valid
 #   (e.g. --data examples/data/squad --split-dev 40 --bpe-dir examples/data/gpt2_bpe for the committed
 #   48-article v1.1 dev set and GPT-2 BPE).
-NAME=squad VERSION=1.1 SPLIT_DEV=""
+NAME=squad VERSION=1.1 SPLIT_DEV="" CONTEXTS=article
 handle_flag() {
-    case "$1" in --version) VERSION="$2" ;; --split-dev) SPLIT_DEV="$2" ;; *) return 1 ;; esac
+    case "$1" in
+        --version) VERSION="$2" ;; --split-dev) SPLIT_DEV="$2" ;; --contexts) CONTEXTS="$2" ;; *) return 1 ;;
+    esac
 }
 source "$(dirname "$0")/prepare_common.sh"
 parse_flags "$@"
+if [[ "$CONTEXTS" != article && "$CONTEXTS" != paragraph ]]; then
+    echo "$0: --contexts $CONTEXTS: expected article or paragraph" >&2; exit 2
+fi
 
 SRC="${DATA:-$OUT/download}"
 if [[ -z "$DATA" ]]; then
@@ -22,10 +28,10 @@ if [[ -z "$DATA" ]]; then
 fi
 DEV="$SRC/dev-v$VERSION.json"
 if [[ -n "$SPLIT_DEV" ]]; then
-    convert squad "$DEV" "$OUT/jsonl/train.jsonl" --articles "0:$SPLIT_DEV"
-    convert squad "$DEV" "$OUT/jsonl/valid.jsonl" --articles "$SPLIT_DEV:"
+    convert squad "$DEV" "$OUT/jsonl/train.jsonl" --articles "0:$SPLIT_DEV" --context-unit "$CONTEXTS"
+    convert squad "$DEV" "$OUT/jsonl/valid.jsonl" --articles "$SPLIT_DEV:" --context-unit "$CONTEXTS"
 else
-    convert squad "$SRC/train-v$VERSION.json" "$OUT/jsonl/train.jsonl"
-    convert squad "$DEV" "$OUT/jsonl/valid.jsonl"
+    convert squad "$SRC/train-v$VERSION.json" "$OUT/jsonl/train.jsonl" --context-unit "$CONTEXTS"
+    convert squad "$DEV" "$OUT/jsonl/valid.jsonl" --context-unit "$CONTEXTS"
 fi
 binarize --train "$OUT/jsonl/train.jsonl" --valid "$OUT/jsonl/valid.jsonl"

@@ -36,6 +36,12 @@ def get_parser() -> argparse.ArgumentParser:
         metavar="START:END",
         help="SQuAD: only the articles in this Python slice of the file's articles, e.g. 0:40 and 40: for a split",
     )
+    parser.add_argument(
+        "--context-unit",
+        default="article",
+        choices=("article", "paragraph"),
+        help="SQuAD: a question's context is its whole article (default, long-context) or its own paragraph",
+    )
     parser.add_argument("--limit", type=int, default=0, help="stop after this many records (0: all)")
     return parser
 

@@ -1,9 +1,11 @@
 """SQuAD-format files (v1.1 and v2.0): a whole article, all its paragraphs, is one long context.
 
 Every question of the article becomes one record whose context is the article; its gold spans point into the
-paragraph the question was written for. v2.0 questions marked ``is_impossible`` get no answers (the no-answer case).
-An answer whose ``answer_start`` does not point at its text is dropped with a message; a question left with no answer
-that was not meant to be unanswerable is skipped.
+paragraph the question was written for. With ``--context-unit paragraph`` the context is that paragraph alone (SQuAD's
+own reading-comprehension setting: short contexts that a small model trained on a CPU can learn from).
+v2.0 questions marked ``is_impossible`` get no answers (the no-answer case). An answer whose ``answer_start`` does not
+point at its text is dropped with a message; a question left with no answer that was not meant to be unanswerable is
+skipped.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ def _article_slice(text: str) -> slice:
 def convert(path: str, args: argparse.Namespace, log: SkipLog) -> Iterator[QARecord]:
     articles = _load(path)
     chosen = range(len(articles))[_article_slice(getattr(args, "articles", ":"))]
+    unit = getattr(args, "context_unit", "article")
+    if unit not in ("article", "paragraph"):
+        raise ValueError(f"--context-unit {unit!r}: expected article or paragraph")
     for a in chosen:
         article = articles[a]
         title = article.get("title", "") if isinstance(article, dict) else ""
@@ -84,12 +89,14 @@ def convert(path: str, args: argparse.Namespace, log: SkipLog) -> Iterator[QARec
                 if not impossible and not texts:
                     log.skip(where, "no_valid_answer", "no answer of this (answerable) question matches the context")
                     continue
+                # the paragraph's own record index is 0 when it is the whole context
+                whole = unit == "article"
                 yield QARecord(
                     id=qa["id"],
                     question=qa["question"],
-                    paragraphs=contexts,
+                    paragraphs=contexts if whole else [contexts[p]],
                     answers=texts,
-                    spans=[[p, s, e] for s, e in spans],
+                    spans=[[p if whole else 0, s, e] for s, e in spans],
                     extra={"title": title, "paragraph": p},
-                    context_id=f"{title or 'article'}#{a}",
+                    context_id=f"{title or 'article'}#{a}" + ("" if whole else f"/{p}"),
                 )
