@@ -1,9 +1,12 @@
-"""Logging set-up shared by the console scripts that run next to fairseq's own tools."""
+"""Set-up shared by the console scripts: fairseq's log format, and one way to run a script and report bad input."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
+from collections.abc import Callable
+from typing import Any
 
 
 def log_like_fairseq() -> None:
@@ -14,3 +17,14 @@ def log_like_fairseq() -> None:
         stream=sys.stdout,
         force=True,  # importing fairseq configured the root logger already
     )
+
+
+def run_cli(main: Callable[[argparse.Namespace], Any], parser: argparse.ArgumentParser) -> Any:
+    """Parse the command line and run ``main``; bad input (a ValueError or a missing file, whose messages name the
+    flag or file at fault) ends the script with ``PROG: error: ...`` and status 1 instead of a traceback."""
+    args = parser.parse_args()
+    try:
+        return main(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        sys.exit(1)

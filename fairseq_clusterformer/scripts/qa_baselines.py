@@ -19,11 +19,11 @@ import argparse
 import json
 import random
 import statistics
-import sys
 from collections.abc import Sequence
 
 from fairseq_clusterformer.data.qa_records import QARecord, SkipLog, read_records
 from fairseq_clusterformer.ops.qa_metrics import squad_scores
+from fairseq_clusterformer.scripts.cli_logging import run_cli
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -127,12 +127,7 @@ def main(args: argparse.Namespace) -> dict[str, dict]:
 
 
 def cli_main() -> None:
-    args = get_parser().parse_args()
-    try:
-        main(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"qa_baselines: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(main, get_parser())
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from fairseq_clusterformer.data.qa_tokenizers import (
     add_paragraph_token,
     sentencepiece_dictionary,
 )
+from fairseq_clusterformer.scripts.cli_logging import run_cli
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -187,12 +188,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 def cli_main() -> None:
-    args = get_parser().parse_args()
-    try:
-        main(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"fairseq-clusterformer-qa-binarize: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(main, get_parser())
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import sys
 
 from fairseq_clusterformer.data.atomic_files import atomic_open
 from fairseq_clusterformer.data.qa_records import RecordError, SkipLog, SkippedRecord
+from fairseq_clusterformer.scripts.cli_logging import run_cli
 
 FORMATS = ("squad", "quasart", "searchqa", "nq")
 
@@ -75,12 +76,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def cli_main() -> None:
-    args = get_parser().parse_args()
-    try:
-        main(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"fairseq-clusterformer-qa-convert: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(main, get_parser())
 
 
 if __name__ == "__main__":

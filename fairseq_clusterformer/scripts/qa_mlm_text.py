@@ -16,7 +16,8 @@ import sys
 from collections.abc import Iterator
 
 from fairseq_clusterformer.data.atomic_files import atomic_open
-from fairseq_clusterformer.scripts.qa_formats.squad import _article_slice, _load
+from fairseq_clusterformer.scripts.cli_logging import run_cli
+from fairseq_clusterformer.scripts.qa_formats.squad import load_articles
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -33,8 +34,8 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def squad_paragraphs(path: str, articles: str) -> Iterator[str]:
-    data = _load(path)
-    for a in range(len(data))[_article_slice(articles)]:
+    data, chosen = load_articles(path, articles)
+    for a in chosen:
         for paragraph in data[a].get("paragraphs") or []:
             text = paragraph.get("context") if isinstance(paragraph, dict) else None
             if isinstance(text, str) and text.strip():
@@ -73,12 +74,7 @@ def main(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def cli_main() -> None:
-    args = get_parser().parse_args()
-    try:
-        main(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"qa_mlm_text: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_cli(main, get_parser())
 
 
 if __name__ == "__main__":

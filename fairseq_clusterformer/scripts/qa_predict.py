@@ -39,6 +39,7 @@ from fairseq_clusterformer.ops.qa_metrics import (
     squad_scores,
 )
 from fairseq_clusterformer.ops.spans import AnswerPrediction
+from fairseq_clusterformer.scripts.cli_logging import run_cli
 
 logger = logging.getLogger("fairseq_clusterformer.qa_predict")
 
@@ -176,12 +177,7 @@ def cli_main() -> None:
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr
     )
-    args = get_parser().parse_args()
-    try:
-        scores = main(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"fairseq-clusterformer-qa-predict: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    scores = run_cli(main, get_parser())
     print(json.dumps(scores))
 
 

@@ -52,7 +52,8 @@ def _answers(qa: dict, context: str, where: str, log: SkipLog) -> tuple[list[str
     return texts, sorted(set(spans))
 
 
-def _article_slice(text: str) -> slice:
+def article_slice(text: str) -> slice:
+    """``--articles START:END`` as a slice of the file's articles."""
     parts = text.split(":")
     try:
         if len(parts) != 2:
@@ -62,9 +63,14 @@ def _article_slice(text: str) -> slice:
         raise ValueError(f"--articles {text!r}: expected START:END, e.g. 0:40") from None
 
 
-def convert(path: str, args: argparse.Namespace, log: SkipLog) -> Iterator[QARecord]:
+def load_articles(path: str, spec: str) -> tuple[list, range]:
+    """The articles of a SQuAD file and the indices that ``--articles`` (``spec``, START:END) chooses."""
     articles = _load(path)
-    chosen = range(len(articles))[_article_slice(getattr(args, "articles", ":"))]
+    return articles, range(len(articles))[article_slice(spec)]
+
+
+def convert(path: str, args: argparse.Namespace, log: SkipLog) -> Iterator[QARecord]:
+    articles, chosen = load_articles(path, getattr(args, "articles", ":"))
     unit = getattr(args, "context_unit", "article")
     if unit not in ("article", "paragraph"):
         raise ValueError(f"--context-unit {unit!r}: expected article or paragraph")
