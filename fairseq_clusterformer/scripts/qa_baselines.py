@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 from collections.abc import Sequence
@@ -52,6 +53,8 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def read(path: str, flag: str) -> list[QARecord]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{flag} {path}: no such file")
     records = [record for _, record in read_records(path, SkipLog())]
     if not records:
         raise ValueError(f"{flag} {path}: no usable QA record")
