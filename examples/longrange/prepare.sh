@@ -21,9 +21,11 @@ done
 text="$out/../text"
 mkdir -p "$out" "$text"
 
-# the recall task: documents of 511 words (+ end of line = one 512-token sample), facts recalled 150-450 words later
-fairseq-clusterformer-recall-task --out "$text/recall" --seed 1 --length 511 --facts 8 --fillers 16 \
-  --min-distance 150 --max-distance 450 --train-docs 8000 --valid-docs 100 --test-docs 200
+# the recall task: documents of 127 words (+ end of line = one 128-token sample), 6 facts recalled 40-100 words later
+# (beyond the 28-token reach of train.sh's windows of 8), between fillers that repeat each document's own loop of 3-6
+# of 256 words, so that in-context copying is learnt on every filler word
+fairseq-clusterformer-recall-task --out "$text/recall" --seed 1 --length 127 --facts 6 --fillers 256 --filler loop \
+  --loop-min 3 --loop-max 6 --min-distance 40 --max-distance 100 --train-docs 32000 --valid-docs 400 --test-docs 800
 
 # WikiText-2 word level: the valid split trains, the test split's first 2,000 lines validate and the rest test
 mkdir -p "$text/wikitext-2"

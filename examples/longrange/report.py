@@ -17,6 +17,7 @@ from pathlib import Path
 
 KINDS = ("full", "none", "cluster-strict", "cluster-paper", "lsh", "sparse")
 BUCKETS = ("never", "within reach", "beyond reach", "beyond input")
+ROLES = ("recalled", "first occurrence")  # the recall task's answers (--recall-facts)
 
 
 def load(results: Path) -> dict[str, dict[str, list[dict]]]:
@@ -36,6 +37,8 @@ def cell(values: list[float]) -> str:
 
 def table(data_set: str, kinds: dict[str, list[dict]]) -> list[str]:
     first = next(iter(kinds.values()))[0]
+    task = "recall_task" in first  # scored with --recall-facts: the recalled values and their first occurrences
+    extra = " recalled | first occurrence |" if task else ""
     lines = [
         f"### {data_set}",
         "",
@@ -43,8 +46,8 @@ def table(data_set: str, kinds: dict[str, list[dict]]) -> list[str]:
         f"their spread; reach {first['reach']} tokens, inputs of {first['tokens_per_sample']} with "
         f"{first['context_window']} of context.",
         "",
-        "| kind | all | " + " | ".join(BUCKETS) + " | far keys hit (random keys) |",
-        "| --- | --- | " + " | ".join("---" for _ in BUCKETS) + " | --- |",
+        "| kind | all | " + " | ".join(BUCKETS) + " | far keys hit (random keys) |" + extra,
+        "| --- | --- | " + " | ".join("---" for _ in BUCKETS) + " | --- |" + " --- |" * extra.count("|"),
     ]
     for kind in [k for k in KINDS if k in kinds] + sorted(set(kinds) - set(KINDS)):
         runs = kinds[kind]
@@ -57,6 +60,8 @@ def table(data_set: str, kinds: dict[str, list[dict]]) -> list[str]:
             if mech
             else "-"
         )
+        if task:
+            row += [cell([r["recall_task"][name]["loss_nats"] for r in runs]) for name in ROLES]
         lines.append(f"| {kind} | " + " | ".join(row) + " |")
     tokens = {b: first["buckets"][b]["tokens"] for b in BUCKETS}
     lines += ["", "Tokens per bucket: " + ", ".join(f"{b} {n:,}" for b, n in tokens.items()) + ".", ""]

@@ -33,7 +33,7 @@ from torch import Tensor
 import fairseq_clusterformer  # noqa: F401  registers the clusterformer models and tasks
 from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
 from fairseq_clusterformer.scripts.cli_logging import log_like_fairseq
-from fairseq_clusterformer.scripts.longrange_tally import LayerCapture, Tally, print_tables
+from fairseq_clusterformer.scripts.longrange_tally import ROLES, LayerCapture, Tally, print_tables
 
 logger = logging.getLogger("fairseq_clusterformer.longrange")
 
@@ -48,6 +48,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reach", type=int, help="sliding-window reach in tokens (default: layers x (window - 1))")
     parser.add_argument("--documents", choices=("stream", "line"), default="stream", help="what one document is")
     parser.add_argument("--max-tokens", type=int, default=0, help="score only the first N tokens (0: all)")
+    parser.add_argument(
+        "--recall-facts",
+        type=Path,
+        help="the recall task's <split>.facts.jsonl: also report the loss on the recalled answers and, as a control,"
+        " on their first occurrences (needs --documents line)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results as JSON to this file")
     parser.add_argument("--cpu", action="store_true", help="stay on the CPU even when CUDA is there")
     args = parser.parse_args(argv)
@@ -62,6 +68,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--path {args.path}: no such checkpoint file")
     if not (args.data / "dict.txt").is_file():
         parser.error(f"data folder {args.data}: no dict.txt there (the folder fairseq-preprocess wrote)")
+    if args.recall_facts is not None and not args.recall_facts.is_file():
+        parser.error(f"--recall-facts {args.recall_facts}: no such file")
+    if args.recall_facts is not None and args.documents != "line":
+        parser.error("--recall-facts: the facts are indexed by line, so it needs --documents line")
     if args.json is not None and not args.json.parent.is_dir():
         parser.error(f"--json {args.json}: folder {args.json.parent} does not exist")
     return args
@@ -78,6 +88,26 @@ def read_stream(data: Path, subset: str, dictionary, documents: str) -> tuple[Te
         return stream, torch.zeros_like(stream)
     lengths = torch.tensor([len(line) for line in lines])
     return stream, torch.repeat_interleave(torch.arange(len(lines)), lengths)  # N document ids
+
+
+def recall_roles(path: Path, documents: Tensor) -> Tensor:
+    """ROLES index of every stream position, from the recall task's facts file: a fact's value, or every word of a
+    copy after its first, is "recalled" where it is written the second time and "first occurrence" the first time."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    lengths = torch.bincount(documents)  # D: tokens per line, with its end of line
+    if len(records) != len(lengths):
+        raise SystemExit(f"--recall-facts {path}: {len(records)} documents, the split has {len(lengths)} lines")
+    starts = torch.cumsum(lengths, 0) - lengths  # D: stream position of each line's first token
+    roles = torch.zeros_like(documents)  # N
+    for line, placed in enumerate(records):
+        for record in placed:
+            width = 2 if record["kind"] == "fact" else record["length"]
+            for role, at in (("recalled", record["recall"]), ("first occurrence", record["first"])):
+                if at + width >= lengths[line]:  # the last word of the span must lie before the end of line
+                    raise SystemExit(f"--recall-facts {path}: line {line + 1} is too short for {record}")
+                begin = int(starts[line]) + at + 1  # the span's first word is a key (fact) or unpredictable (copy)
+                roles[begin : begin + width - 1] = ROLES.index(role)
+    return roles
 
 
 def default_reach(model) -> int:
@@ -125,8 +155,9 @@ def main(argv: list[str] | None = None) -> dict:
     reach = args.reach if args.reach is not None else default_reach(model)
     dictionary = task.source_dictionary
     stream, documents = read_stream(args.data, args.gen_subset, dictionary, args.documents)
+    roles = recall_roles(args.recall_facts, documents) if args.recall_facts else None
     capture = LayerCapture(model)
-    tally = Tally(stream, documents, reach)
+    tally = Tally(stream, documents, reach, roles)
     try:
         score_blocks(model, stream, dictionary.eos(), args, tally, capture)
     finally:

@@ -61,6 +61,9 @@ def row(tokens: int, loss: float) -> dict:
     return {"tokens": tokens, "loss_nats": mean, "loss_base2": mean / math.log(2)}
 
 
+# the recall task's positions (--recall-facts): a recalled answer can only be predicted from its first occurrence,
+# the first occurrence itself from nothing (the control: chance for every model)
+ROLES = ("other", "recalled", "first occurrence")
 BINS = 64  # log2 distance bins: int64 distances stay below 2^63
 
 
@@ -68,9 +71,12 @@ class Tally:
     """Token counts and summed losses per distance bucket and log2 distance bin, and the mechanism counts per
     long-range layer, accumulated block by block."""
 
-    def __init__(self, stream: Tensor, documents: Tensor, reach: int) -> None:
+    def __init__(self, stream: Tensor, documents: Tensor, reach: int, roles: Tensor | None = None) -> None:
         self.previous = previous_occurrence(stream, documents)  # N
         self.reach = reach
+        self.roles = roles  # N: ROLES index of each stream position (the recall task's answers), or None
+        self.role_tokens = torch.zeros(len(ROLES), dtype=torch.long)
+        self.role_loss = torch.zeros(len(ROLES), dtype=torch.float64)
         self.bucket_tokens = torch.zeros(len(BUCKETS), dtype=torch.long)
         self.bucket_loss = torch.zeros(len(BUCKETS), dtype=torch.float64)
         self.bin_tokens = torch.zeros(BINS, dtype=torch.long)
@@ -87,6 +93,10 @@ class Tally:
         buckets = distance_buckets(targets, self.previous, torch.full_like(targets, input_start), self.reach)  # R
         self.bucket_tokens += torch.bincount(buckets, minlength=len(BUCKETS))
         self.bucket_loss += torch.bincount(buckets, weights=losses, minlength=len(BUCKETS))
+        if self.roles is not None:
+            roles = self.roles[targets]  # R
+            self.role_tokens += torch.bincount(roles, minlength=len(ROLES))
+            self.role_loss += torch.bincount(roles, weights=losses, minlength=len(ROLES))
         before = self.previous[targets]
         seen = before >= input_start  # the earlier occurrence is in the input
         bins = log2_bins(targets[seen] - before[seen])
@@ -122,6 +132,9 @@ class Tally:
                 for b in torch.nonzero(self.bin_tokens).flatten().tolist()
             ],
         }
+        if self.roles is not None:
+            tokens, loss = self.role_tokens.tolist(), self.role_loss.tolist()
+            result["recall_task"] = {name: row(tokens[i], loss[i]) for i, name in enumerate(ROLES) if i}
         if self.far_tokens:
             n = self.far_tokens
             result["mechanism"] = {
@@ -151,6 +164,8 @@ def print_tables(result: dict) -> None:
     for name, row in result["buckets"].items():
         share = row["tokens"] / total["tokens"] if total["tokens"] else 0.0
         print(f"{name:22} {row['tokens']:>9,} {share:>7.1%} {row['loss_nats']:>12.4f} {row['loss_base2']:>14.4f}")
+    for name, row in result.get("recall_task", {}).items():
+        print(f"{'recall task: ' + name:30} {row['tokens']:>9,} {row['loss_nats']:>12.4f} {row['loss_base2']:>14.4f}")
     mechanism = result.get("mechanism")
     if not mechanism:
         return
