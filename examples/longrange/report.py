@@ -31,6 +31,8 @@ def load(results: Path) -> dict[str, dict[str, list[dict]]]:
 
 def cell(values: list[float]) -> str:
     """Mean of the seeds, and their spread (max - min) when there are several."""
+    if all(v != v for v in values):  # NaN: a bucket without tokens
+        return "-"
     mean = sum(values) / len(values)
     return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f} ± {(max(values) - min(values)) / 2:.3f}"
 
