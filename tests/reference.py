@@ -68,8 +68,9 @@ def band_keys(groups, i, reach):
     return same[max(0, len(same) - (reach - 1)) :] + [i]
 
 
-def token_output_per_head_set(layer, x, i, key_sets):
-    """Like ``token_output``, but the heads split into len(key_sets) equal sets, set j attending to key_sets[j]."""
+def token_output_per_head_set(layer, x, i, key_sets, next_values=False):
+    """Like ``token_output``, but the heads split into len(key_sets) equal sets, set j attending to key_sets[j];
+    with ``next_values`` an earlier key j gives the value of token j + 1 (token i's own key its own value)."""
     s = layer.settings
     attn = layer.self_attn
     h = layer.self_attn_layer_norm(x) if s.normalize_before else x
@@ -80,7 +81,8 @@ def token_output_per_head_set(layer, x, i, key_sets):
         heads = slice(j * per_set, (j + 1) * per_set)
         q = attn.q_proj(h[i]).view(s.heads, d)[heads]  # h x d
         k = attn.k_proj(h[keys]).view(len(keys), s.heads, d)[:, heads]  # n x h x d
-        v = attn.v_proj(h[keys]).view(len(keys), s.heads, d)[:, heads]
+        values = [j + 1 if next_values and j != i else j for j in keys]
+        v = attn.v_proj(h[values]).view(len(keys), s.heads, d)[:, heads]
         weights = torch.softmax(torch.einsum("hd,nhd->hn", q, k) / math.sqrt(d), dim=-1)  # h x n
         mixed.append(torch.einsum("hn,nhd->hd", weights, v).reshape(-1))
     y = x[i] + attn.out_proj(torch.cat(mixed))
@@ -89,13 +91,13 @@ def token_output_per_head_set(layer, x, i, key_sets):
     return layer._feed_forward(y[None])[0]
 
 
-def sorted_strict_reference(layer, x, groupings):
+def sorted_strict_reference(layer, x, groupings, next_values=False):
     """Strict mode: head set j lets each token see itself and its l - 1 most recent predecessors with its group
     id in ``groupings[j]`` (a list of per-token ids; one grouping = every head)."""
     out = torch.zeros_like(x)
     for i in range(x.size(0)):
         key_sets = [band_keys(groups, i, layer.settings.window_size) for groups in groupings]
-        out[i] = token_output_per_head_set(layer, x, i, key_sets)
+        out[i] = token_output_per_head_set(layer, x, i, key_sets, next_values)
     return out
 
 
@@ -111,11 +113,11 @@ def neighbour_groupings_reference(ids, shares, groups, groupings):
     ]
 
 
-def neighbour_strict_reference(layer, x, ids):
+def neighbour_strict_reference(layer, x, ids, next_values=False):
     """Strict mode of a cluster or LSH layer, given its per-token cluster (bucket) ids."""
     shares = layer.cluster_shares().tolist()
     groupings = neighbour_groupings_reference(ids, shares, layer.num_band_groups, layer.groupings)
-    return sorted_strict_reference(layer, x, groupings)
+    return sorted_strict_reference(layer, x, groupings, next_values)
 
 
 def cluster_paper_reference(layer, x, causal=True):

@@ -55,6 +55,8 @@ BAD_SETTINGS = {
     "--window-stride": lambda: LayerSettings(8, 16, 2, 4, 4),
     "--window-size": lambda: LayerSettings(8, 16, 2, 0, 1),
     "--window-merge": lambda: LayerSettings(8, 16, 2, 4, 2, window_merge="token"),
+    "--sliding-windows": lambda: LayerSettings(8, 16, 2, 4, 2, sliding_windows="dilated"),
+    "--long-range-values": lambda: LongRangePlan(frozenset({1}), values="previous"),
     "--decoder-attention-heads": lambda: LayerSettings(8, 16, 3, 4, 2),
     "--long-range-layer": lambda: LongRangePlan(frozenset({1}), "kmeans"),
     "--cluster-causality": lambda: LongRangePlan(frozenset({1}), causality="future"),

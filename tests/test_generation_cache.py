@@ -67,6 +67,17 @@ def step_by_step(decoder, tokens: torch.Tensor, state: dict, start: int = 0) -> 
         )
 
 
+def assert_cache_is_exact(task, model, beam: int = 3, length: int = 43) -> None:
+    """Generation from the cache gives the hypotheses of full recomputation, and a sequence fed one token per call
+    gives the full pass at every position."""
+    assert_same_hypotheses(generate(task, model, beam, cache=True), generate(task, model, beam, cache=False))
+    tokens = torch.randint(4, len(task.target_dictionary), (2, length), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model.decoder(tokens)[0]  # B x T x V
+    model.decoder.use_cache = True  # generate(cache=False) turned it off
+    torch.testing.assert_close(step_by_step(model.decoder, tokens, {}), full, **TIGHT)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("merge", MERGES)
 @pytest.mark.parametrize("beam", (1, 3))

@@ -119,9 +119,22 @@ def test_mechanism_counts_the_keys_of_far_tokens():
     assert result["buckets"]["beyond reach"]["tokens"] == 2
     assert result["mechanism"]["far_tokens"] == 2
     assert result["mechanism"]["layers"][0]["hit_share"] == 0.5
+    assert result["mechanism"]["layers"][0]["held_share"] == 0.5
+    assert result["mechanism"]["any_layer_held_share"] == 0.5
     tally = Tally(stream, torch.zeros_like(stream), reach=2)
     tally.add(torch.arange(length), scores, input_start=0, capture=FakeCapture({3: miss_pairs}), first=0)
     assert tally.summary()["mechanism"]["any_layer_hit_share"] == 0.0
+    # x position 1 holds stream[0] and predicted stream[1]: an earlier occurrence's predecessor, which had not seen
+    # it (a hit, but not the state holding it); the roles count the recalled values that read their answer
+    predicted_pairs = torch.zeros(length, length, dtype=torch.bool)
+    predicted_pairs[7, 1] = True
+    predicted_pairs[6, 1] = True  # the query predicting stream[6] = 5 sees the state holding stream[0] = 5
+    roles = torch.tensor([0, 0, 0, 0, 0, 0, 1, 1])  # both far tokens recalled
+    tally = Tally(stream, torch.zeros_like(stream), reach=2, roles=roles)
+    tally.add(torch.arange(length), scores, input_start=0, capture=FakeCapture({3: predicted_pairs}), first=0)
+    mechanism = tally.summary()["mechanism"]
+    assert mechanism["any_layer_hit_share"] == 1.0 and mechanism["any_layer_held_share"] == 0.5
+    assert mechanism["recalled_far"] == 2 and mechanism["recalled_held_share"] == 0.5
 
 
 def test_tally_sums_the_loss_of_each_role():
@@ -299,12 +312,16 @@ def test_recall_recipe_trains_scores_and_reports_the_recalled_values(tmp_path):
                BATCH="4", UPDATES="3", CLUSTERS="4")  # fmt: skip
     train = REPO / "examples" / "longrange" / "train.sh"
     flags = ["--disable-validation", "--memory-size", "500", "--cluster-update-interval", "2", "--kmeans-iters", "2"]
-    proc = subprocess.run(["bash", str(train), "cluster-strict", "1", str(data), str(save), *flags], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)  # fmt: skip
+    # the fix this comparison led to: band sliding windows and next values (SLIDING and VALUES reach the flags)
+    proc = subprocess.run(["bash", str(train), "cluster-strict", "1", str(data), str(save), *flags],
+                          env=dict(env, SLIDING="band", VALUES="next"), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=900)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:]
     checkpoint = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert checkpoint["optimizer_history"][-1]["num_updates"] == 3
-    assert checkpoint["cfg"]["model"]["window_size"] == 8 and checkpoint["cfg"]["model"]["num_clusters"] == 4
+    model_cfg = checkpoint["cfg"]["model"]
+    assert model_cfg["window_size"] == 8 and model_cfg["num_clusters"] == 4
+    assert model_cfg["sliding_windows"] == "band" and model_cfg["long_range_values"] == "next"
     results = tmp_path / "results" / "recall"
     results.mkdir(parents=True)
     run_ok("fairseq-clusterformer-longrange", data, "--path", save / "checkpoint_last.pt", "--tokens-per-sample", "64",
@@ -325,3 +342,4 @@ def test_recall_recipe_trains_scores_and_reports_the_recalled_values(tmp_path):
     row = next(line for line in proc.stdout.splitlines() if line.startswith("| cluster-strict |"))
     recalled = f"{result['recall_task']['recalled']['loss_nats']:.3f}"
     assert row.split(" | ")[-2] == recalled and (tmp_path / "report" / "loss_by_distance.png").is_file()
+    assert row.split(" | ")[-3] == f"{result['mechanism']['recalled_held_share']:.3f}"

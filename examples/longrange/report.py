@@ -37,31 +37,50 @@ def cell(values: list[float]) -> str:
     return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f} ± {(max(values) - min(values)) / 2:.3f}"
 
 
+def mechanism_cells(runs: list[dict], task: bool) -> list[str]:
+    """The mechanism columns: far tokens whose long-range layers read the earlier occurrence (the state holding it
+    or the state that predicted it), those that read the state holding it (what a causal copy needs), each with the
+    random-key reference; for the recall task, the recalled values that read their first occurrence."""
+    mech = [r["mechanism"] for r in runs if "mechanism" in r]
+    if not mech:
+        return ["-"] * (3 if task else 2)
+
+    def share(key: str, random_key: str) -> str:
+        random = [sum(x[random_key] for x in m["layers"]) / len(m["layers"]) for m in mech]
+        return f"{cell([m[key] for m in mech])} ({cell(random)})"
+
+    cells = [
+        share("any_layer_hit_share", "random_keys_hit_share"),
+        share("any_layer_held_share", "random_keys_held_share"),
+    ]
+    if task:
+        cells.append(cell([m.get("recalled_held_share", float("nan")) for m in mech]))
+    return cells
+
+
 def table(data_set: str, kinds: dict[str, list[dict]]) -> list[str]:
     first = next(iter(kinds.values()))[0]
     task = "recall_task" in first  # scored with --recall-facts: the recalled values and their first occurrences
-    extra = " recalled | first occurrence |" if task else ""
+    extra = " recalled reads its answer | recalled | first occurrence |" if task else ""
     lines = [
         f"### {data_set}",
         "",
         f"Test loss in nats per token, mean of the seeds ± half "
         f"their spread; reach {first['reach']} tokens, inputs of {first['tokens_per_sample']} with "
-        f"{first['context_window']} of context.",
+        f"{first['context_window']} of context. Shares of the far ('beyond reach') tokens whose long-range layers "
+        "read the earlier occurrence, in brackets what as many random keys would.",
         "",
-        "| kind | all | " + " | ".join(BUCKETS) + " | far keys hit (random keys) |" + extra,
-        "| --- | --- | " + " | ".join("---" for _ in BUCKETS) + " | --- |" + " --- |" * extra.count("|"),
+        "| kind | all | "
+        + " | ".join(BUCKETS)
+        + " | far: earlier occurrence read | far: the state holding it |"
+        + extra,
+        "| --- | --- | " + " | ".join("---" for _ in BUCKETS) + " | --- | --- |" + " --- |" * extra.count("|"),
     ]
     for kind in [k for k in KINDS if k in kinds] + sorted(set(kinds) - set(KINDS)):
         runs = kinds[kind]
         row = [cell([r["total"]["loss_nats"] for r in runs])]
         row += [cell([r["buckets"][b]["loss_nats"] for r in runs]) for b in BUCKETS]
-        mech = [r["mechanism"] for r in runs if "mechanism" in r]
-        row.append(
-            f"{cell([m['any_layer_hit_share'] for m in mech])} "
-            f"({cell([sum(x['random_keys_hit_share'] for x in m['layers']) / len(m['layers']) for m in mech])})"
-            if mech
-            else "-"
-        )
+        row += mechanism_cells(runs, task)
         if task:
             row += [cell([r["recall_task"][name]["loss_nats"] for r in runs]) for name in ROLES]
         lines.append(f"| {kind} | " + " | ".join(row) + " |")

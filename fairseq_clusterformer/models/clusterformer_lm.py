@@ -20,6 +20,8 @@ from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
 from fairseq_clusterformer.modules.layer_settings import (
     CAUSALITY_CHOICES,
     LONG_RANGE_CHOICES,
+    LONG_RANGE_VALUE_CHOICES,
+    SLIDING_WINDOW_CHOICES,
     WINDOW_MERGE_CHOICES,
     LayerSettings,
     LongRangePlan,
@@ -56,12 +58,28 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
             "'attention' (faster): only attention outputs are averaged and the FFN runs once per token"
         },
     )
+    sliding_windows: ChoiceEnum(SLIDING_WINDOW_CHOICES) = field(
+        default="overlap",
+        metadata={
+            "help": "the sliding-window layers: 'overlap' (the paper) averages the outputs of overlapping windows, "
+            "in one of which a token may see no earlier token; 'band': every token attends to exactly its "
+            "--window-size - 1 predecessors (same reach, no averaging)"
+        },
+    )
     cluster_causality: ChoiceEnum(CAUSALITY_CHOICES) = field(
         default="strict",
         metadata={
             "help": "'strict': a token attends to the most recent earlier tokens of its group of neighbouring "
             "clusters (depends on the past only); 'paper': windows of the sorted sequence as in the paper (leaks "
             "future tokens)"
+        },
+    )
+    long_range_values: ChoiceEnum(LONG_RANGE_VALUE_CHOICES) = field(
+        default="own",
+        metadata={
+            "help": "strict long-range layers: 'own' (the paper) gives every key its own value; 'next' gives every "
+            "earlier key the value of the token after it, so a query reads what followed the earlier states that "
+            "resemble it (an induction step across clusters)"
         },
     )
     cluster_groups: int = field(
@@ -109,6 +127,7 @@ def layer_settings(args) -> LayerSettings:
         activation_dropout=safe_getattr(args, "activation_dropout", 0.0) or safe_getattr(args, "relu_dropout", 0.0),
         activation_fn=args.activation_fn,
         window_merge=str(safe_getattr(args, "window_merge", "layer")),
+        sliding_windows=str(safe_getattr(args, "sliding_windows", "overlap")),
     )
 
 
@@ -128,6 +147,7 @@ def long_range_plan(args) -> LongRangePlan:
         num_clusters=args.num_clusters,
         causality=args.cluster_causality,
         band_groups=band_groups(args),
+        values=str(safe_getattr(args, "long_range_values", "own")),
     )
 
 
@@ -192,6 +212,8 @@ def _long_range_defaults(args, layers: str, num_clusters: int = 512, window: int
         cluster_causality="strict",
         cluster_groups=0,
         window_merge="layer",
+        sliding_windows="overlap",
+        long_range_values="own",
     )
 
 

@@ -29,8 +29,15 @@ class LSHLayer(Float32Buffers, NeighbourGroupLayer):
     kind = "lsh"
     float32_buffers = ("eval_rotations",)
 
-    def __init__(self, settings: LayerSettings, num_buckets: int, causality: str = "strict", band_groups: int = 1):
-        super().__init__(settings, num_buckets, causality, band_groups)
+    def __init__(
+        self,
+        settings: LayerSettings,
+        num_buckets: int,
+        causality: str = "strict",
+        band_groups: int = 1,
+        values: str = "own",
+    ) -> None:
+        super().__init__(settings, num_buckets, causality, band_groups, values)
         generator = torch.Generator().manual_seed(EVAL_ROTATION_SEED)
         self.register_buffer(
             "eval_rotations", random_rotations(settings.embed_dim, num_buckets, generator), persistent=False
@@ -50,8 +57,8 @@ class StridedSparseLayer(SortedWindowLayer):
 
     kind = "sparse"
 
-    def __init__(self, settings: LayerSettings, causality: str = "strict") -> None:
-        super().__init__(settings, settings.window_stride, causality)
+    def __init__(self, settings: LayerSettings, causality: str = "strict", values: str = "own") -> None:
+        super().__init__(settings, settings.window_stride, causality, values=values)
 
     def group_ids(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
         return offset_groups(x.size(0), x.size(1), self.num_groups, padding_mask, device=x.device)

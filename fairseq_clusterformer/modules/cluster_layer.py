@@ -54,9 +54,14 @@ class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
     float32_buffers = ("centroids", "shares")
 
     def __init__(
-        self, settings: LayerSettings, num_clusters: int, causality: str = "strict", band_groups: int = 1
+        self,
+        settings: LayerSettings,
+        num_clusters: int,
+        causality: str = "strict",
+        band_groups: int = 1,
+        values: str = "own",
     ) -> None:
-        super().__init__(settings, num_clusters, causality, band_groups)
+        super().__init__(settings, num_clusters, causality, band_groups, values)
         self.num_clusters = num_clusters
         # a buffer, not a parameter: K-Means on the memory bank sets it, and checkpoints carry it
         self.register_buffer("centroids", random_ordered_centroids(num_clusters, settings.embed_dim))

@@ -35,10 +35,10 @@ def build_layer(index: int, settings: LayerSettings, plan: LongRangePlan) -> nn.
     if index not in plan.layers or plan.kind == "none":
         return SlidingWindowLayer(settings)
     if plan.kind == "cluster":
-        return ClusterFormerLayer(settings, plan.num_clusters, plan.causality, plan.band_groups)
+        return ClusterFormerLayer(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values)
     if plan.kind == "lsh":
-        return LSHLayer(settings, plan.num_clusters, plan.causality, plan.band_groups)
-    return StridedSparseLayer(settings, plan.causality)
+        return LSHLayer(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values)
+    return StridedSparseLayer(settings, plan.causality, plan.values)
 
 
 class ClusterFormerDecoder(TransformerDecoderBase):

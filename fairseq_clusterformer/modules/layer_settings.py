@@ -12,8 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 WINDOW_MERGE_CHOICES = ("layer", "attention")
+SLIDING_WINDOW_CHOICES = ("overlap", "band")
 LONG_RANGE_CHOICES = ("cluster", "lsh", "sparse", "none")
 CAUSALITY_CHOICES = ("strict", "paper")
+# what a long-range key's value is: its own state's ("own", the paper), or the state of the token after it ("next")
+LONG_RANGE_VALUE_CHOICES = ("own", "next")
 
 
 def check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
@@ -49,10 +52,17 @@ class LayerSettings:
     # the attention outputs are averaged, then residual, norm and FFN run once per token (half the FFN work at
     # stride l/2). The two agree wherever windows do not overlap (strict causality's band, stride == size).
     window_merge: str = "layer"
+    # the sliding-window layers: "overlap" (the paper), windows [k*m, k*m + l) with the outputs of overlapping
+    # windows averaged, so a token's output mixes a window where it sees up to l - 1 earlier tokens with one where
+    # it may see none; "band" (causal only), every token attends to itself and exactly its l - 1 predecessors
+    sliding_windows: str = "overlap"
 
     def __post_init__(self) -> None:
         check_window(self.window_size, self.window_stride)
         check_choice("--window-merge", self.window_merge, WINDOW_MERGE_CHOICES)
+        check_choice("--sliding-windows", self.sliding_windows, SLIDING_WINDOW_CHOICES)
+        if self.sliding_windows == "band" and not self.causal:
+            raise ValueError("--sliding-windows band is a causal (language model) scheme; bidirectional layers overlap")
         # the LM's flags say decoder, the QA model's encoder: name both
         if self.heads < 1 or self.embed_dim % self.heads:
             raise ValueError(
@@ -61,10 +71,16 @@ class LayerSettings:
             )
 
 
-def check_long_range(kind: str, num_clusters: int, causality: str, band_groups: int) -> None:
+def check_long_range(kind: str, num_clusters: int, causality: str, band_groups: int, values: str = "own") -> None:
     """The rules of ``LongRangePlan``, for one long-range layer of ``kind``."""
     check_choice("--long-range-layer", kind, LONG_RANGE_CHOICES)
     check_choice("--cluster-causality", causality, CAUSALITY_CHOICES)
+    check_choice("--long-range-values", values, LONG_RANGE_VALUE_CHOICES)
+    if values == "next" and (kind == "none" or causality != "strict"):
+        raise ValueError(
+            "--long-range-values next needs long-range layers (--long-range-layer cluster, lsh or sparse) with "
+            f"--cluster-causality strict, got --long-range-layer {kind} --cluster-causality {causality}"
+        )
     if num_clusters < 1:
         raise ValueError(f"--num-clusters must be positive, got {num_clusters}")
     if kind == "lsh" and num_clusters % 2:
@@ -86,9 +102,10 @@ class LongRangePlan:
     causality: str = "strict"
     # strict causality: groups of neighbouring clusters (or LSH buckets) a token's keys come from
     band_groups: int = 1
+    values: str = "own"
 
     def __post_init__(self) -> None:
-        check_long_range(self.kind, self.num_clusters, self.causality, self.band_groups)
+        check_long_range(self.kind, self.num_clusters, self.causality, self.band_groups, self.values)
 
 
 def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layers") -> frozenset[int]:

@@ -25,16 +25,30 @@ class SortedWindowLayer(WindowedTransformerLayer):
     every token see itself and its ``l - 1`` most recent predecessors in its band group (``band_groups``), a set
     that depends on the past alone (provided a token's group depends on that token alone, as it does for every
     subclass).
+
+    ``values`` (strict mode only): ``own`` (the paper) gives every key its own value; ``next`` gives every earlier
+    key the value of the token that followed it (the query itself keeps its own). A query then reads what came
+    after the earlier tokens that resemble it, which a causal model cannot otherwise reach through clusters: the
+    state that resembles the query (an earlier occurrence of the same token) was computed before the token that
+    followed it, and the state holding that token does not resemble the query.
     """
 
     kind: str  # what --long-range-layer calls this layer
 
-    def __init__(self, settings: LayerSettings, num_groups: int, causality: str = "strict", band_groups: int = 1):
+    def __init__(
+        self,
+        settings: LayerSettings,
+        num_groups: int,
+        causality: str = "strict",
+        band_groups: int = 1,
+        values: str = "own",
+    ) -> None:
         super().__init__(settings)
         # the model's LongRangePlan ran this check already; a layer built on its own runs it here
-        check_long_range(self.kind, num_groups, causality, band_groups)
+        check_long_range(self.kind, num_groups, causality, band_groups, values)
         self.num_groups = num_groups
         self.causality = causality
+        self.values = values
 
     @property
     def band(self) -> bool:
@@ -77,7 +91,7 @@ class SortedWindowLayer(WindowedTransformerLayer):
             cache = {"kv": kv, "count": count}
         per_set = cache["count"].size(1) // sets
         rows = groups + torch.arange(sets, device=x.device) * per_set  # B x n: the row of (set j, group)
-        return self.step_band(x, cache, rows)
+        return self.step_band(x, cache, rows, next_values=self.values == "next")
 
     def attention_layouts(self, ids: Tensor, padding_mask: Tensor | None) -> list[tuple[Tensor, Tensor, Tensor]]:
         """Who attends to whom, for statistics (the inspector, the reach benchmark), one entry per head set:
@@ -104,7 +118,8 @@ class SortedWindowLayer(WindowedTransformerLayer):
         if self.band:
             groups = self.band_groups(ids, padding_mask)  # n x B x T
             sorted_groups, orders = stable_sort(groups.flatten(0, 1))  # (n*B) x T each: one sort for every set
-            return self.run_band(x, padding_mask, orders.view_as(groups), sorted_groups.view_as(groups))
+            orders, sorted_groups = orders.view_as(groups), sorted_groups.view_as(groups)  # n x B x T each
+            return self.run_band(x, padding_mask, orders, sorted_groups, next_values=self.values == "next")
         sorted_ids, order = stable_sort(ids)  # B x T each
         scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1))
         return self.run_windows(x, scheme, padding_mask, order=order)
@@ -115,8 +130,10 @@ class NeighbourGroupLayer(SortedWindowLayer):
     at fixed points of the cluster order (``ops.cluster_groups``). Two groupings, shifted by half a group, serve
     the two halves of the heads, so that no cluster is at a group boundary for every head."""
 
-    def __init__(self, settings: LayerSettings, num_groups: int, causality: str, band_groups: int) -> None:
-        super().__init__(settings, num_groups, causality, band_groups)
+    def __init__(
+        self, settings: LayerSettings, num_groups: int, causality: str, band_groups: int, values: str = "own"
+    ) -> None:
+        super().__init__(settings, num_groups, causality, band_groups, values)
         self.num_band_groups = band_groups
         self.groupings = 2 if settings.heads % 2 == 0 else 1
         # cluster -> group per grouping (n x P); derived from the shares, so not saved: ``update_groups`` redoes it

@@ -17,13 +17,20 @@ from fairseq import utils
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
-from fairseq_clusterformer.modules.layer_settings import WINDOW_MERGE_CHOICES, LayerSettings
-from fairseq_clusterformer.ops.attention import masked_attention
+from fairseq_clusterformer.modules.layer_settings import SLIDING_WINDOW_CHOICES, WINDOW_MERGE_CHOICES, LayerSettings
+from fairseq_clusterformer.ops.attention import masked_attention, next_value_attention
 from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation
 from fairseq_clusterformer.ops.step_cache import gather_rows, push_recent, push_rows, ring_filled, step_window_mask
 from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
 
-__all__ = ["WINDOW_MERGE_CHOICES", "LayerSettings", "SlidingWindowLayer", "StepCache", "WindowedTransformerLayer"]
+__all__ = [
+    "SLIDING_WINDOW_CHOICES",
+    "WINDOW_MERGE_CHOICES",
+    "LayerSettings",
+    "SlidingWindowLayer",
+    "StepCache",
+    "WindowedTransformerLayer",
+]
 
 # one layer's generation cache: named tensors, batch first (``ClusterFormerDecoder`` reorders them for beam search)
 StepCache = dict[str, Tensor]
@@ -99,7 +106,14 @@ class WindowedTransformerLayer(nn.Module):
             out = gather_tokens(out, inverse_permutation(order))
         return out
 
-    def run_band(self, x: Tensor, padding_mask: Tensor | None, orders: Tensor, sorted_groups: Tensor) -> Tensor:
+    def run_band(
+        self,
+        x: Tensor,
+        padding_mask: Tensor | None,
+        orders: Tensor,
+        sorted_groups: Tensor,
+        next_values: bool = False,
+    ) -> Tensor:
         """Strict causality: the heads split into n sets; set j attends on the sequence sorted by ``orders[j]``,
         each token to itself and the ``l - 1`` most recent earlier tokens of its group (``sorted_groups[j]``).
 
@@ -107,6 +121,7 @@ class WindowedTransformerLayer(nn.Module):
         Every token is a query exactly once per head set, so nothing is merged: the attention outputs of the sets
         are unsorted, laid side by side as the heads they are, and the layer finishes once per token (both
         ``--window-merge`` modes compute exactly this).
+        next_values: every earlier key carries the value of the token after it (``--long-range-values next``).
         """
         bsz, length, channels = x.shape
         s = self.settings
@@ -118,7 +133,13 @@ class WindowedTransformerLayer(nn.Module):
         valid = torch.ones_like(x[..., 0], dtype=torch.bool) if padding_mask is None else ~padding_mask  # B x T
         h = self.self_attn_layer_norm(x) if s.normalize_before else x
         proj = self.self_attn
-        qkv = torch.stack((proj.q_proj(h), proj.k_proj(h), proj.v_proj(h)), dim=2)  # B x T x 3 x C
+        v = proj.v_proj(h)  # B x T x C
+        parts = [proj.q_proj(h), proj.k_proj(h), v]
+        if next_values:
+            # position t holds the value of t + 1 (zeros after the last token: only the last token's own query
+            # could see that slot, and it reads its own value instead)
+            parts.append(torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1))  # B x T x C
+        qkv = torch.stack(parts, dim=2)  # B x T x (3 or 4) x C
         attn_dropout = s.attention_dropout if self.training else 0.0
         outs = []
         # n is 1 or 2 (a constant of the layer), so this loop does not grow with T, B, P or the number of windows
@@ -128,8 +149,16 @@ class WindowedTransformerLayer(nn.Module):
             allowed = scheme.mask(order, gather_tokens(valid, order), True, sorted_groups[j]).flatten(0, 1)
             q = scheme.queries(part[:, :, 0]).flatten(0, 1)  # (B*K) x m x C/n
             k = scheme.keys(part[:, :, 1]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
-            v = scheme.keys(part[:, :, 2]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
-            attn = masked_attention(q, k, v, allowed, s.heads // sets, attn_dropout)  # (B*K) x m x C/n
+            if next_values:
+                own_v = scheme.queries(part[:, :, 2]).flatten(0, 1)  # (B*K) x m x C/n
+                next_v = scheme.keys(part[:, :, 3]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
+                # query i of a block is key slot l - 1 + i of its key window (``band_key_windows``)
+                attn = next_value_attention(
+                    q, k, next_v, own_v, allowed, s.heads // sets, s.window_size - 1, attn_dropout
+                )  # (B*K) x m x C/n
+            else:
+                v = scheme.keys(part[:, :, 2]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
+                attn = masked_attention(q, k, v, allowed, s.heads // sets, attn_dropout)  # (B*K) x m x C/n
             attn = scheme.merge(attn.view(bsz, scheme.count, -1, width))  # B x T x C/n, sorted
             outs.append(gather_tokens(attn, inverse_permutation(order)))  # B x T x C/n, input order
         return self._finish(x, proj.out_proj(torch.cat(outs, dim=-1)))  # B x T x C
@@ -150,16 +179,25 @@ class WindowedTransformerLayer(nn.Module):
         h = self.self_attn_layer_norm(x) if self.settings.normalize_before else x
         return self.self_attn.q_proj(h), self.self_attn.k_proj(h), self.self_attn.v_proj(h)
 
-    def step_band(self, x: Tensor, cache: StepCache, rows: Tensor) -> tuple[Tensor, StepCache]:
+    def step_band(
+        self, x: Tensor, cache: StepCache, rows: Tensor, next_values: bool = False
+    ) -> tuple[Tensor, StepCache]:
         """``run_band`` for one appended token (x: B x 1 x C): head set j attends to the token itself and the
         cached keys of its group, ring buffer row ``rows[:, j]`` (B x n) of ``cache`` (``kv``: B x R x (l-1) x 2 x
-        C/n keys and values, ``count``: B x R entries received); the token's key and value then enter those rows."""
+        C/n keys and values, ``count``: B x R entries received); the token's key and value then enter those rows.
+        With ``next_values`` a key enters its rows one step late, with the value of the token after it: the
+        previous token's key (``pending_k``: B x n x C/n, for rows ``pending_rows``: B x n) goes in first."""
         bsz, _, channels = x.shape
         sets = rows.size(1)
         width = channels // sets
         q, k, v = self._step_projections(x)
         # B x 2 x C -> B x n x 2 x C/n: set j takes channels j*C/n..(j+1)*C/n of the key and of the value
         new = torch.cat([k, v], dim=1).view(bsz, 2, sets, width).transpose(1, 2)
+        if next_values:
+            if "pending_k" in cache:
+                finished = torch.stack([cache["pending_k"], new[:, :, 1]], dim=2)  # B x n x 2 x C/n
+                push_rows(cache["kv"], cache["count"], cache["pending_rows"], finished)
+            cache["pending_k"], cache["pending_rows"] = new[:, :, 0], rows
         past = gather_rows(cache["kv"], rows)  # B x n x (l-1) x 2 x C/n
         both = torch.cat([past, new.unsqueeze(2)], dim=2).flatten(0, 1)  # (B*n) x l x 2 x C/n, the token last
         filled = ring_filled(gather_rows(cache["count"], rows), past.size(2))  # B x n x (l-1)
@@ -168,7 +206,8 @@ class WindowedTransformerLayer(nn.Module):
         heads = self.settings.heads // sets
         attn = masked_attention(queries, both[:, :, 0], both[:, :, 1], allowed[:, None], heads)  # (B*n) x 1 x C/n
         out = self._finish(x, self.self_attn.out_proj(attn.view(bsz, 1, channels)))  # B x 1 x C: sets side by side
-        push_rows(cache["kv"], cache["count"], rows, new)
+        if not next_values:
+            push_rows(cache["kv"], cache["count"], rows, new)
         return out, cache
 
     def _finish(self, x: Tensor, attn: Tensor) -> Tensor:
@@ -190,19 +229,32 @@ class WindowedTransformerLayer(nn.Module):
 
 
 class SlidingWindowLayer(WindowedTransformerLayer):
-    """Paper section 3.1: a transformer layer on overlapping windows, overlaps averaged."""
+    """Paper section 3.1: a transformer layer on overlapping windows, overlaps averaged; or, with
+    ``--sliding-windows band``, on the band of every token's ``l - 1`` predecessors (nothing to average)."""
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        if self.settings.sliding_windows == "band":
+            # the band of an unsorted sequence in one group: the identity order, every token in group 0
+            bsz, length = x.shape[:2]
+            order = torch.arange(length, device=x.device).expand(1, bsz, length)  # 1 x B x T
+            return self.run_band(x, padding_mask, order, torch.zeros_like(order))
         scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1))
         return self.run_windows(x, scheme, padding_mask)
 
     def forward_step(self, x: Tensor, cache: StepCache, position: int) -> tuple[Tensor, StepCache]:
-        """One appended token (x: B x 1 x C): every window that contains it attends from its start to the token, over
-        the cached keys and values of the ``l - 1`` positions before it (``k``, ``v``: B x L x C, L <= l - 1)."""
+        """One appended token (x: B x 1 x C) from the cached keys and values of the ``l - 1`` positions before it
+        (``k``, ``v``: B x L x C, L <= l - 1): overlap, every window that contains it attends from its start to
+        the token; band, the token attends to all of them."""
         s = self.settings
         q, k, v = self._step_projections(x)
         keys = push_recent(cache.get("k"), k, s.window_size)  # B x L+1 x C, the new token last
         values = push_recent(cache.get("v"), v, s.window_size)  # B x L+1 x C
+        new_cache = {"k": keys[:, 1 - s.window_size :], "v": values[:, 1 - s.window_size :]}
+        if s.sliding_windows == "band":
+            allowed = keys.new_ones(x.size(0), 1, keys.size(1), dtype=torch.bool)  # B x 1 x (L+1)
+            return self._finish(
+                x, self.self_attn.out_proj(masked_attention(q, keys, values, allowed, s.heads))
+            ), new_cache
         allowed = step_window_mask(position, keys.size(1), s.window_size, s.window_stride, x.device)  # W x (L+1)
         count = allowed.size(0)
         # the query once per window: W "queries" that differ only in their masks
@@ -211,4 +263,4 @@ class SlidingWindowLayer(WindowedTransformerLayer):
             out = self._finish(x, self.self_attn.out_proj(attn.mean(dim=1, keepdim=True)))  # B x 1 x C
         else:
             out = self._finish(x.expand(-1, count, -1), self.self_attn.out_proj(attn)).mean(dim=1, keepdim=True)
-        return out, {"k": keys[:, 1 - s.window_size :], "v": values[:, 1 - s.window_size :]}
+        return out, new_cache

@@ -52,6 +52,16 @@ def attended_pairs(q_pos: Tensor, k_pos: Tensor, allowed: Tensor, length: int, v
     return pairs
 
 
+def next_value_reads(pairs: Tensor) -> Tensor:
+    """The states whose values a ``--long-range-values next`` layer reads, from its key pairs (... x T x T bool,
+    ``[i, j]`` = query i sees key j): an earlier key j gives the value of j + 1, the query's own key its own."""
+    own = torch.eye(pairs.size(-1), dtype=torch.bool, device=pairs.device)  # T x T
+    earlier = pairs & ~own
+    reads = torch.zeros_like(pairs)
+    reads[..., 1:] = earlier[..., :-1]  # key j of query i -> value j + 1 (<= i, as j < i)
+    return reads | (pairs & own)
+
+
 def attention_distances(pairs: Tensor) -> Tensor:
     """Query position minus key position for every attending pair of ``pairs`` (... x T x T): a 1-D LongTensor.
 

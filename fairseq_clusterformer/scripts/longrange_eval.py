@@ -13,8 +13,10 @@ predicted from an input that also holds up to ``context-window`` tokens before i
 raw text is its own document (a token that occurred only in an earlier line counts as ``never``).
 
 The mechanism statistic (printed for models with long-range layers): for the tokens of the ``beyond reach`` bucket,
-the share whose long-range keys, in each such layer, include the state that predicted the earlier occurrence or the
-state holding it; beside it the share that the same number of keys drawn at random from the query's past would hit.
+the share whose long-range layers, in each such layer, read the state that predicted the earlier occurrence or the
+state holding it, and the share that read the state holding it (in a causal model the state that predicted a token
+had not seen it, so only that one can be copied); beside each the share that as many keys drawn at random from the
+query's past would hit. With ``--recall-facts``, also the share of recalled values that read their first occurrence.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ from fairseq_clusterformer.ops.recurrence import (
 
 class LayerCapture:
     """Forward hooks on every long-range layer of a Cluster-Former decoder: after each forward, ``pairs`` maps the
-    layer number (1-based) to the L x L keys each query of the input may attend to (any head)."""
+    layer number (1-based) to the L x L states whose values each query of the input may read (any head): its keys,
+    or with ``--long-range-values next`` the token after each earlier key, and itself."""
 
     def __init__(self, model) -> None:
         self.pairs: dict[int, Tensor] = {}
@@ -43,6 +44,8 @@ class LayerCapture:
             pairs = torch.zeros(1, x.size(1), x.size(1), dtype=torch.bool, device=x.device)  # 1 x L x L
             for q_pos, k_pos, allowed in layer.attention_layouts(ids, padding_mask):  # one per head set
                 pairs |= stats.attended_pairs(q_pos, k_pos, allowed, x.size(1))
+            if getattr(layer, "values", "own") == "next":
+                pairs = stats.next_value_reads(pairs)
             self.pairs[number] = pairs[0].cpu()
 
         return record
@@ -81,9 +84,15 @@ class Tally:
         self.bucket_loss = torch.zeros(len(BUCKETS), dtype=torch.float64)
         self.bin_tokens = torch.zeros(BINS, dtype=torch.long)
         self.bin_loss = torch.zeros(BINS, dtype=torch.float64)
-        self.hits: dict[int, Tensor] = {}  # layer -> (hits, random-key chance, keys) summed over far tokens, float64
+        # layer -> summed over far tokens (float64): hits, their random-key chance, keys, and the same two for the
+        # state holding the earlier occurrence alone (a causal copy needs that one: the state that predicted the
+        # earlier occurrence had not seen it)
+        self.hits: dict[int, Tensor] = {}
         self.far_tokens = 0
         self.any_hits = 0
+        self.any_held = 0
+        self.recalled_far = 0  # recalled values in the beyond-reach bucket, and those whose answer state is a key
+        self.recalled_held = 0
         self.kinds: dict[int, str] = {}
 
     def add(self, targets: Tensor, scores: Tensor, input_start: int, capture: LayerCapture, first: int) -> None:
@@ -111,16 +120,25 @@ class Tally:
         predicted = before[far] - first  # x position p predicted stream[p] (-1: before the input)
         rows = torch.arange(queries.numel())
         any_hit = torch.zeros(queries.numel(), dtype=torch.bool)
+        any_held = torch.zeros(queries.numel(), dtype=torch.bool)
         for number, pairs in capture.pairs.items():  # one entry per long-range layer
             seen_keys = pairs[queries]  # F x L: the keys of each far token's query
-            hit = seen_keys[rows, held] | ((predicted >= 0) & seen_keys[rows, predicted.clamp(min=0)])
+            held_hit = seen_keys[rows, held]
+            hit = held_hit | ((predicted >= 0) & seen_keys[rows, predicted.clamp(min=0)])
             keys = seen_keys.sum(-1)
             chance = random_hit_chance(keys, queries + 1, targets=1 + (predicted >= 0).long())
-            counts = torch.stack([hit.double().sum(), chance.sum(), keys.double().sum()])  # 3
-            self.hits[number] = self.hits.get(number, torch.zeros(3, dtype=torch.float64)) + counts
+            held_chance = random_hit_chance(keys, queries + 1, targets=1)
+            counts = [hit.double().sum(), chance.sum(), keys.double().sum(), held_hit.double().sum(), held_chance.sum()]
+            self.hits[number] = self.hits.get(number, torch.zeros(5, dtype=torch.float64)) + torch.stack(counts)
             any_hit |= hit
+            any_held |= held_hit
         self.far_tokens += queries.numel()
         self.any_hits += int(any_hit.sum())
+        self.any_held += int(any_held.sum())
+        if self.roles is not None:
+            recalled = self.roles[targets[far]] == ROLES.index("recalled")  # F
+            self.recalled_far += int(recalled.sum())
+            self.recalled_held += int((recalled & any_held).sum())
 
     def summary(self) -> dict:
         tokens, loss = self.bucket_tokens.tolist(), self.bucket_loss.tolist()
@@ -140,17 +158,23 @@ class Tally:
             result["mechanism"] = {
                 "far_tokens": n,
                 "any_layer_hit_share": self.any_hits / n,
+                "any_layer_held_share": self.any_held / n,
                 "layers": [
                     {
                         "layer": number,
                         "kind": self.kinds.get(number, ""),
                         "hit_share": float(counts[0]) / n,
                         "random_keys_hit_share": float(counts[1]) / n,
+                        "held_share": float(counts[3]) / n,
+                        "random_keys_held_share": float(counts[4]) / n,
                         "mean_keys": float(counts[2]) / n,
                     }
                     for number, counts in sorted(self.hits.items())
                 ],
             }
+            if self.recalled_far:
+                result["mechanism"]["recalled_far"] = self.recalled_far
+                result["mechanism"]["recalled_held_share"] = self.recalled_held / self.recalled_far
         return result
 
 
@@ -171,11 +195,17 @@ def print_tables(result: dict) -> None:
         return
     print(
         f"long-range keys of the {mechanism['far_tokens']:,} 'beyond reach' tokens that include the earlier "
-        f"occurrence: any layer {mechanism['any_layer_hit_share']:.1%}"
+        f"occurrence (the state holding it, or the state that predicted it): any layer "
+        f"{mechanism['any_layer_hit_share']:.1%}; the state holding it: {mechanism['any_layer_held_share']:.1%}"
     )
-    print(f"{'layer':>5} {'kind':32} {'hit':>7} {'random keys':>12} {'keys/query':>11}")
+    if "recalled_far" in mechanism:
+        print(
+            f"recall task: {mechanism['recalled_held_share']:.1%} of the {mechanism['recalled_far']:,} recalled values"
+            " have the state holding their first occurrence among their long-range keys"
+        )
+    print(f"{'layer':>5} {'kind':32} {'hit':>7} {'random keys':>12} {'holding':>8} {'random':>7} {'keys/query':>11}")
     for row in mechanism["layers"]:
         print(
             f"{row['layer']:>5} {row['kind']:32} {row['hit_share']:>7.1%} {row['random_keys_hit_share']:>12.1%}"
-            f" {row['mean_keys']:>11.1f}"
+            f" {row['held_share']:>8.1%} {row['random_keys_held_share']:>7.1%} {row['mean_keys']:>11.1f}"
         )
