@@ -15,7 +15,16 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-KINDS = ("full", "none", "cluster-strict", "cluster-paper", "lsh", "sparse")
+KINDS = (
+    "full",
+    "none",
+    "cluster-strict",
+    "cluster-paper",
+    "lsh",
+    "sparse",
+    "cluster-strict-next",
+    "cluster-strict-next-band",
+)
 BUCKETS = ("never", "within reach", "beyond reach", "beyond input")
 ROLES = ("recalled", "first occurrence")  # the recall task's answers (--recall-facts)
 
