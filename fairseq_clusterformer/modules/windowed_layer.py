@@ -110,7 +110,7 @@ class WindowedTransformerLayer(nn.Module):
         self,
         x: Tensor,
         padding_mask: Tensor | None,
-        orders: Tensor,
+        orders: Tensor | None,
         sorted_groups: Tensor,
         next_values: bool = False,
     ) -> Tensor:
@@ -122,10 +122,11 @@ class WindowedTransformerLayer(nn.Module):
         are unsorted, laid side by side as the heads they are, and the layer finishes once per token (both
         ``--window-merge`` modes compute exactly this).
         next_values: every earlier key carries the value of the token after it (``--long-range-values next``).
+        orders None: one set on the unsorted sequence (``--sliding-windows band``), so nothing is gathered.
         """
         bsz, length, channels = x.shape
         s = self.settings
-        sets = orders.size(0)
+        sets = 1 if orders is None else orders.size(0)
         if s.heads % sets:
             raise ValueError(f"{s.heads} attention heads cannot be split into {sets} equal head sets")
         width = channels // sets
@@ -144,9 +145,14 @@ class WindowedTransformerLayer(nn.Module):
         outs = []
         # n is 1 or 2 (a constant of the layer), so this loop does not grow with T, B, P or the number of windows
         for j in range(sets):
-            order = orders[j]  # B x T
-            part = gather_tokens(qkv[..., j * width : (j + 1) * width], order)  # B x T x 3 x C/n, sorted
-            allowed = scheme.mask(order, gather_tokens(valid, order), True, sorted_groups[j]).flatten(0, 1)
+            part = qkv[..., j * width : (j + 1) * width]  # B x T x (3 or 4) x C/n
+            if orders is None:
+                order = torch.arange(length, device=x.device).expand(bsz, length)  # B x T, positions as they are
+                allowed = scheme.mask(order, valid, True, sorted_groups[j]).flatten(0, 1)
+            else:
+                order = orders[j]  # B x T
+                part = gather_tokens(part, order)  # sorted
+                allowed = scheme.mask(order, gather_tokens(valid, order), True, sorted_groups[j]).flatten(0, 1)
             q = scheme.queries(part[:, :, 0]).flatten(0, 1)  # (B*K) x m x C/n
             k = scheme.keys(part[:, :, 1]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
             if next_values:
@@ -160,7 +166,7 @@ class WindowedTransformerLayer(nn.Module):
                 v = scheme.keys(part[:, :, 2]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
                 attn = masked_attention(q, k, v, allowed, s.heads // sets, attn_dropout)  # (B*K) x m x C/n
             attn = scheme.merge(attn.view(bsz, scheme.count, -1, width))  # B x T x C/n, sorted
-            outs.append(gather_tokens(attn, inverse_permutation(order)))  # B x T x C/n, input order
+            outs.append(attn if orders is None else gather_tokens(attn, inverse_permutation(order)))  # input order
         return self._finish(x, proj.out_proj(torch.cat(outs, dim=-1)))  # B x T x C
 
     @property
@@ -234,10 +240,9 @@ class SlidingWindowLayer(WindowedTransformerLayer):
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         if self.settings.sliding_windows == "band":
-            # the band of an unsorted sequence in one group: the identity order, every token in group 0
-            bsz, length = x.shape[:2]
-            order = torch.arange(length, device=x.device).expand(1, bsz, length)  # 1 x B x T
-            return self.run_band(x, padding_mask, order, torch.zeros_like(order))
+            # the band of the unsorted sequence, every token in group 0: no sort, no gather
+            groups = torch.zeros(1, *x.shape[:2], dtype=torch.long, device=x.device)  # 1 x B x T
+            return self.run_band(x, padding_mask, None, groups)
         scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1))
         return self.run_windows(x, scheme, padding_mask)
 

@@ -44,7 +44,7 @@ class LayerCapture:
             pairs = torch.zeros(1, x.size(1), x.size(1), dtype=torch.bool, device=x.device)  # 1 x L x L
             for q_pos, k_pos, allowed in layer.attention_layouts(ids, padding_mask):  # one per head set
                 pairs |= stats.attended_pairs(q_pos, k_pos, allowed, x.size(1))
-            if getattr(layer, "values", "own") == "next":
+            if layer.values == "next":
                 pairs = stats.next_value_reads(pairs)
             self.pairs[number] = pairs[0].cpu()
 
