@@ -104,19 +104,24 @@ def plot(runs: dict[str, dict[str, list[dict]]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
+    # one colour per kind in every panel, so that the panels can be read against each other
+    seen = {kind for kinds in runs.values() for kind in kinds}
+    ordered = [k for k in KINDS if k in seen] + sorted(seen - set(KINDS))
+    colours = {kind: plt.get_cmap("tab20")(i % 20) for i, kind in enumerate(ordered)}
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4.5), squeeze=False)
     for ax, (data_set, kinds) in zip(axes[0], sorted(runs.items())):
-        for kind, seeds in sorted(kinds.items()):
+        for kind in [k for k in ordered if k in kinds]:
+            seeds = kinds[kind]
             by_bin = defaultdict(list)
             for r in seeds:
                 for b in r["distance_bins"]:
                     by_bin[b["from"]].append(b["loss_nats"])
             xs = sorted(by_bin)
-            ax.plot(xs, [sum(by_bin[x]) / len(by_bin[x]) for x in xs], marker="o", label=kind)
+            ax.plot(xs, [sum(by_bin[x]) / len(by_bin[x]) for x in xs], marker="o", label=kind, color=colours[kind])
         ax.axvline(seeds[0]["reach"], color="grey", linestyle=":", label="reach")
         ax.set_xscale("log", base=2)
         ax.set(title=data_set, xlabel="tokens back to the earlier occurrence", ylabel="loss (nats)")
-    axes[0][0].legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
