@@ -13,6 +13,7 @@ import argparse
 import json
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 KINDS = (
@@ -67,6 +68,13 @@ def mechanism_cells(runs: list[dict], task: bool) -> list[str]:
     return cells
 
 
+def in_order(kinds: Iterable[str]) -> list[str]:
+    """Kinds in the README's order (KINDS), then any others alphabetically: the rows of every table and the lines
+    of every panel."""
+    kinds = set(kinds)
+    return [k for k in KINDS if k in kinds] + sorted(kinds - set(KINDS))
+
+
 def table(data_set: str, kinds: dict[str, list[dict]]) -> list[str]:
     first = next(iter(kinds.values()))[0]
     task = "recall_task" in first  # scored with --recall-facts: the recalled values and their first occurrences
@@ -85,7 +93,7 @@ def table(data_set: str, kinds: dict[str, list[dict]]) -> list[str]:
         + extra,
         "| --- | --- | " + " | ".join("---" for _ in BUCKETS) + " | --- | --- |" + " --- |" * extra.count("|"),
     ]
-    for kind in [k for k in KINDS if k in kinds] + sorted(set(kinds) - set(KINDS)):
+    for kind in in_order(kinds):
         runs = kinds[kind]
         row = [cell([r["total"]["loss_nats"] for r in runs])]
         row += [cell([r["buckets"][b]["loss_nats"] for r in runs]) for b in BUCKETS]
@@ -105,20 +113,18 @@ def plot(runs: dict[str, dict[str, list[dict]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     # one colour per kind in every panel, so that the panels can be read against each other
-    seen = {kind for kinds in runs.values() for kind in kinds}
-    ordered = [k for k in KINDS if k in seen] + sorted(seen - set(KINDS))
+    ordered = in_order(kind for kinds in runs.values() for kind in kinds)
     colours = {kind: plt.get_cmap("tab20")(i % 20) for i, kind in enumerate(ordered)}
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4.5), squeeze=False)
     for ax, (data_set, kinds) in zip(axes[0], sorted(runs.items())):
-        for kind in [k for k in ordered if k in kinds]:
-            seeds = kinds[kind]
+        for kind in in_order(kinds):
             by_bin = defaultdict(list)
-            for r in seeds:
+            for r in kinds[kind]:
                 for b in r["distance_bins"]:
                     by_bin[b["from"]].append(b["loss_nats"])
             xs = sorted(by_bin)
             ax.plot(xs, [sum(by_bin[x]) / len(by_bin[x]) for x in xs], marker="o", label=kind, color=colours[kind])
-        ax.axvline(seeds[0]["reach"], color="grey", linestyle=":", label="reach")
+        ax.axvline(next(iter(kinds.values()))[0]["reach"], color="grey", linestyle=":", label="reach")
         ax.set_xscale("log", base=2)
         ax.set(title=data_set, xlabel="tokens back to the earlier occurrence", ylabel="loss (nats)")
         ax.legend(fontsize=7)
