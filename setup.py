@@ -17,6 +17,9 @@ setup(
         "faiss-cpu",
         "sentencepiece",
         "tensorboard",
+        # Hugging Face imports (fairseq-clusterformer-import-hf) and their tokenisers
+        "safetensors",
+        "tokenizers",
     ],
     entry_points={
         "console_scripts": [
@@ -28,10 +31,12 @@ setup(
             "fairseq-clusterformer-qa-binarize = fairseq_clusterformer.scripts.qa_binarize:cli_main",
             "fairseq-clusterformer-qa-predict = fairseq_clusterformer.scripts.qa_predict:cli_main",
             "fairseq-clusterformer-train-spm = fairseq_clusterformer.scripts.train_sentencepiece:cli_main",
+            "fairseq-clusterformer-import-hf = fairseq_clusterformer.scripts.import_hf:cli_main",
         ],
     },
     extras_require={
-        "dev": ["pytest", "hypothesis", "ruff==0.17.6", "matplotlib"],
+        # transformers: the reference models of the Hugging Face import test
+        "dev": ["pytest", "hypothesis", "ruff==0.17.6", "matplotlib", "transformers"],
         # faiss-gpu >= 1.14.3 is the official facebookresearch wheel (CUDA 12, Python >= 3.10, numpy >= 1.25); the
         # older releases under that name (up to 1.7.2) are unofficial and stop at Python 3.10. It installs the same
         # `faiss` package as faiss-cpu: after `pip install -e ".[gpu]"` run

@@ -2,7 +2,9 @@
 
 Extended the way fairseq's Linformer RoBERTa is (subclass ``RobertaModel`` / ``RobertaEncoder`` and override
 ``build_encoder``): embeddings and parameter names stay RoBERTa's, so a pretrained checkpoint loads into every
-layer, the long-range layers included; the QA heads are new.
+layer, the long-range layers included; the QA heads are new. A Hugging Face BERT or RoBERTa imported by
+``fairseq-clusterformer-import-hf`` loads the same way: ``--roberta-path`` to its directory also sets the encoder
+arguments its weights need (``--layer-norm-eps``, ``--type-vocab-size``, sizes, activation, positions).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from fairseq_clusterformer.modules.qa_heads import QAHeads, add_missing_answer_t
 from fairseq_clusterformer.modules.qa_pretrained import (
     NEW_PREFIX,
     adapt_roberta_state,
+    check_imported_args,
+    imported_encoder_args,
     load_roberta_state,
     pretrained_dictionary,
 )
@@ -102,6 +106,12 @@ class ClusterFormerQAModel(RobertaModel):
         parser.add_argument("--window-merge", choices=WINDOW_MERGE_CHOICES, help="what overlapping windows average")
         parser.add_argument("--roberta-path", type=str, help="pretrained fairseq RoBERTa: model.pt or its directory")
         parser.add_argument("--roberta-dict", type=str, help="the pretrained dict.txt (default: beside the checkpoint)")
+        parser.add_argument("--layer-norm-eps", type=float, help="epsilon of every layer norm (BERT: 1e-12)")
+        parser.add_argument(
+            "--type-vocab-size",
+            type=int,
+            help="token types (BERT: 2): the question block is type 0, the context type 1; 0 = no type embeddings",
+        )
 
     @classmethod
     def build_model(cls, args, task):
@@ -111,6 +121,8 @@ class ClusterFormerQAModel(RobertaModel):
         for name, flag in UNSUPPORTED.items():
             if safe_getattr(args, name, None):
                 raise ValueError(f"{flag} is not supported by the clusterformer_qa model")
+        if safe_getattr(args, "roberta_path", None):
+            check_imported_args(args)
         window = task.max_question_tokens + QUESTION_SPECIALS + args.window_size
         if window > args.max_positions:
             raise ValueError(
@@ -171,6 +183,9 @@ def _set_defaults(args, **defaults) -> None:
 def _window_defaults(
     args, layers: str, num_clusters: int = 512, window: int = 256, stride: int = 224, positions: int = 512
 ) -> None:
+    # an imported Hugging Face encoder fixes the sizes, activation and positions before the architecture's defaults
+    _set_defaults(args, **imported_encoder_args(safe_getattr(args, "roberta_path", None)))
+    _set_defaults(args, layer_norm_eps=1e-5, type_vocab_size=0)  # fairseq's LayerNorm default; RoBERTa has no types
     _set_defaults(
         args,
         window_size=window,
@@ -208,6 +223,7 @@ def clusterformer_qa_base_arch(args):
 @register_model_architecture("clusterformer_qa", "clusterformer_qa_tiny")
 def clusterformer_qa_tiny(args):
     """For tests: 4 layers of 64 dims, long-range layers 2 and 4, 16 clusters, windows of 32 with stride 24."""
+    _window_defaults(args, "2,4", num_clusters=16, window=32, stride=24, positions=128)
     _set_defaults(
         args,
         encoder_layers=4,
@@ -217,5 +233,4 @@ def clusterformer_qa_tiny(args):
         dropout=0.1,
         attention_dropout=0.1,
     )
-    _window_defaults(args, "2,4", num_clusters=16, window=32, stride=24, positions=128)
     base_architecture(args)

@@ -8,6 +8,12 @@ parameter names, so a RoBERTa checkpoint loads unchanged; its layers are replace
 sliding-window layers on ``[<s> question </s></s> context-window]`` windows (the context ends in ``</s>``) and, at
 the long-range positions, the layer that ``build_layer`` makes (Cluster-Former, LSH, sparse) on the flat eq.-4
 sequence of every window's question copy plus the merged context.
+
+Token types (``--type-vocab-size``, an imported BERT's 2; 0 for fairseq's RoBERTa, which has none): the encoder
+derives them from the layout, as BertForQuestionAnswering's sentence pairs have them: every position of a window's
+question block (``<s> question </s></s>`` and its pads) is type 0, every context position type 1 (0 when the model
+has one type, as HF RoBERTa's). Their embedding is added to the token embedding before the positions, in the
+source model's order. ``--layer-norm-eps`` sets the epsilon of every layer norm (BERT's is 1e-12, fairseq's 1e-5).
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from dataclasses import dataclass
 import torch
 from fairseq import utils
 from fairseq.models.transformer import TransformerEncoder
-from torch import Tensor
+from fairseq.utils import safe_getattr
+from torch import Tensor, nn
 
 from fairseq_clusterformer.modules.decoder import LongRangePlan, build_layer
 from fairseq_clusterformer.modules.windowed_layer import LayerSettings, SlidingWindowLayer
@@ -62,6 +69,15 @@ class ClusterFormerQAEncoder(TransformerEncoder):
         first = dataclasses.replace(settings, window_merge="layer")
         self.layers.extend(build_layer(i + 1, first if i == 0 else settings, plan) for i in range(args.encoder_layers))
         self.num_layers = len(self.layers)
+        types = safe_getattr(args, "type_vocab_size", 0)
+        self.embed_token_types = nn.Embedding(types, embed_tokens.embedding_dim) if types else None
+        if self.embed_token_types is not None and self.embed_scale != 1.0:
+            raise ValueError("--type-vocab-size needs --no-scale-embedding: BERT does not scale its embeddings")
+        # fairseq builds every LayerNorm with its default epsilon; the module reads ``eps`` at every call
+        eps = safe_getattr(args, "layer_norm_eps", 1e-5)
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.eps = eps
 
     def layout(self, question: Tensor, context: Tensor) -> QALayout:
         """``context`` as the layers see it, ``</s>`` included (see ``close_context``)."""
@@ -79,7 +95,8 @@ class ClusterFormerQAEncoder(TransformerEncoder):
         flat, tokens = qa_tokens(question, context, layout, self.bos, self.eos, self.padding_idx)  # B x S, B x K x W
         # positions restart in every window: embed each window as its own sequence (pads are skipped, so the
         # context follows the question of this example whatever the batch's longest question)
-        x, _ = self.forward_embedding(tokens.flatten(0, 1))  # (B*K) x W x C
+        windows = tokens.flatten(0, 1)  # (B*K) x W
+        x, _ = self.forward_embedding(windows, self.typed_embedding(windows, layout))  # (B*K) x W x C
         x = x.reshape(bsz, -1, x.size(-1))  # B x K*W x C
         window_pad = tokens.eq(self.padding_idx).flatten(1)  # B x K*W
         flat_pad = flat.eq(self.padding_idx)  # B x S
@@ -95,6 +112,15 @@ class ClusterFormerQAEncoder(TransformerEncoder):
         question_states, context_states = from_flat(x, layout)
         question_pad, _ = from_flat(flat_pad, layout)
         return QAEncoderOut(question_states, context_states[:, :length], ~question_pad, layout)
+
+    def typed_embedding(self, windows: Tensor, layout: QALayout) -> Tensor | None:
+        """Token plus token-type embeddings of windows ((B*K) x W ids), or None without token types (the base
+        class then embeds the tokens alone)."""
+        if self.embed_token_types is None:
+            return None
+        in_context = torch.arange(layout.window_len, device=windows.device) >= layout.question_len  # W
+        types = in_context.long().clamp(max=self.embed_token_types.num_embeddings - 1)  # W
+        return self.embed_tokens(windows) + self.embed_token_types(types)  # (B*K) x W x C
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Older fairseq names inside a layer: ``layer_norms.{0,1}`` and a fused ``in_proj_weight``/``bias``

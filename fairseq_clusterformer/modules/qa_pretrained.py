@@ -9,11 +9,16 @@ V = vocabulary rows, C = channels.
   ``--restore-file`` included, then reads them with the safe unpickler still on.
 - A RoBERTa state dict has an LM head and no QA heads or centroids: ``adapt_roberta_state`` drops the first,
   takes the others from the freshly built model, and matches embedding rows by dictionary symbol.
+- A Hugging Face encoder imported by ``fairseq-clusterformer-import-hf`` is such a directory plus
+  ``hf_import.json``, whose ``encoder_args`` (sizes, activation, positions, layer-norm epsilon, token types) are
+  what make its weights compute the source model's function: ``imported_encoder_args`` gives them to the
+  architecture as defaults, and ``check_imported_args`` refuses flags that contradict them.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import pickle
@@ -27,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 EMBED_KEY = "encoder.sentence_encoder.embed_tokens.weight"
 POSITIONS_KEY = "encoder.sentence_encoder.embed_positions.weight"
+TOKEN_TYPES_KEY = "encoder.sentence_encoder.embed_token_types.weight"
+IMPORT_INFO = "hf_import.json"  # written beside model.pt by fairseq-clusterformer-import-hf
 NEW_PREFIX = "qa_heads."  # the QA heads
 NEW_SUFFIX = ".centroids"  # the Cluster-Former layers' centroids (set by K-Means during training)
 
@@ -61,6 +68,38 @@ def load_roberta_state(path: str) -> dict[str, Tensor]:
     if "model" not in state:
         raise ValueError(f"--roberta-path {file}: not a fairseq checkpoint (no 'model' entry)")
     return state["model"]
+
+
+def import_info_file(path: str | None) -> str | None:
+    """The ``hf_import.json`` of a ``--roberta-path`` (a directory, or model.pt inside one), or None."""
+    if not path:
+        return None
+    file = os.path.join(path if os.path.isdir(path) else os.path.dirname(path), IMPORT_INFO)
+    return file if os.path.isfile(file) else None
+
+
+def imported_encoder_args(path: str | None) -> dict:
+    """The encoder arguments of an imported Hugging Face model at ``--roberta-path`` (empty for fairseq's)."""
+    file = import_info_file(path)
+    if file is None:
+        return {}
+    with open(file, encoding="utf-8") as f:
+        info = json.load(f)
+    if not isinstance(info.get("encoder_args"), dict):
+        raise ValueError(f"--roberta-path: {file} has no 'encoder_args'; import the model again")
+    return info["encoder_args"]
+
+
+def check_imported_args(args) -> None:
+    """Every encoder argument must be the imported model's: another value would compute another function."""
+    path = getattr(args, "roberta_path", None)
+    wrong = {k: v for k, v in imported_encoder_args(path).items() if getattr(args, k, None) != v}
+    if wrong:
+        flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k, None)} (imported: {v})" for k, v in wrong.items())
+        raise ValueError(
+            f"--roberta-path {path} is an imported Hugging Face encoder whose {import_info_file(path)} fixes these "
+            f"arguments; leave the flags out or give the imported values: {flags}"
+        )
 
 
 def pretrained_dictionary(path: str | None) -> list[str] | None:
@@ -106,6 +145,11 @@ def adapt_roberta_state(model: nn.Module, state: dict[str, Tensor], prefix: str,
         raise ValueError(
             f"the pretrained embedding has {embed.size(0)} rows, the task's dictionary {ours[EMBED_KEY].size(0)}: "
             "pass the pretrained dict.txt with --roberta-dict so that rows are matched by symbol"
+        )
+    if TOKEN_TYPES_KEY in ours and prefix + TOKEN_TYPES_KEY not in state:
+        raise ValueError(
+            f"--type-vocab-size {ours[TOKEN_TYPES_KEY].size(0)}: the pretrained checkpoint has no token-type "
+            "embeddings (only an imported BERT or RoBERTa has them)"
         )
     positions = state.get(prefix + POSITIONS_KEY)
     if positions is not None and positions.shape != ours[POSITIONS_KEY].shape:
