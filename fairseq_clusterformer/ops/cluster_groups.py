@@ -1,6 +1,7 @@
 """Groups of neighbouring clusters for the strictly causal long-range layer.
 
-B = batch, T = tokens, P = clusters, G = groups per grouping, n = groupings (head sets).
+B = batch, T = tokens, P = clusters, n = groupings (head sets), G = groups (--cluster-groups): the unshifted grouping
+has G, each shifted one G + 1 (a part of a group at either end).
 
 Why groups: a strictly causal layer may only let token t see keys chosen by tokens <= t. Paper mode cuts the
 cluster-sorted sequence into windows, whose boundaries move with the number of *later* tokens in lower clusters

@@ -10,7 +10,7 @@ from torch import Tensor
 
 
 def assign_clusters(states: Tensor, centroids: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-    """Cluster id of every state: argmax of the cosine with the centroids (paper eq. 5).
+    """Cluster id of every state: argmax of the cosine with the centroids (paper eq. 4).
 
     states: B x T x C, centroids: P x C, padding_mask: B x T (True = pad).
     Returns a LongTensor B x T. Pad positions get id P, one past the last cluster, so that a
@@ -29,7 +29,7 @@ def assign_clusters(states: Tensor, centroids: Tensor, padding_mask: Tensor | No
 
 
 def stable_sort(keys: Tensor) -> tuple[Tensor, Tensor]:
-    """Sort ``keys`` (B x T) along T, ties kept in position order (paper eq. 6).
+    """Sort ``keys`` (B x T) along T, ties kept in position order (paper eq. 5).
 
     Returns (sorted keys, order), both B x T, with ``sorted keys = gather(keys, order)``.
     Stability is what makes the sorted sequence list each cluster's tokens in their original

@@ -1,14 +1,14 @@
-"""Question + context windows of the QA encoder (paper eq. 1-4), as index arithmetic on one flat layout.
+"""Question + context windows of the QA encoder (paper eq. 1-3), as index arithmetic on one flat layout.
 
 B = batch, K = windows, Q = question block (<s> question </s></s>, padded), T = context tokens, C = channels,
 l = window size (context tokens per window), m = stride, W = Q + l (tokens per window), S = K * (Q + m).
 
-Between layers a QA example is one flat sequence, the paper's eq. 4:
+Between layers a QA example is one flat sequence, the paper's eq. 3:
     [question copy 0; context[0 : m]; question copy 1; context[m : 2m]; ...]      (B x S)
 Every window keeps its own copy of the question states, and every context token appears once. Window k is
     [question copy k; context[k*m : k*m + l]]                                      (B x K x W)
 gathered from the flat sequence by index; after a layer, question copies go back to their own slots and context
-tokens get the mean over the windows that contain them (eq. 3). A long-range layer runs on the flat sequence
+tokens get the mean over the windows that contain them (eq. 2). A long-range layer runs on the flat sequence
 as it is. Context positions past the last chunk (only ever pads) map to one extra sentinel slot S.
 """
 
@@ -73,7 +73,7 @@ class QALayout:
 
 
 def to_flat(question: Tensor, context: Tensor, layout: QALayout, fill: float | int | bool = 0) -> Tensor:
-    """Question copies B x K x Q x ... and context B x T x ... -> the flat eq.-4 sequence B x S x ..."""
+    """Question copies B x K x Q x ... and context B x T x ... -> the flat eq.-3 sequence B x S x ..."""
     bsz, k = question.size(0), layout.count
     chunks = pad_to(context, k * layout.stride, fill).reshape(bsz, k, layout.stride, *context.shape[2:])  # B x K x m
     return torch.cat([question, chunks], dim=2).reshape(bsz, layout.flat_len, *context.shape[2:])  # B x S x ...

@@ -3,8 +3,8 @@
 N = tokens of a split read as one stream, R = scored tokens.
 
 A windowed language model can only use an earlier occurrence of the token it predicts when that occurrence lies
-within what its layers can reach. The long-range breakdown (``scripts/longrange_eval.py``) therefore splits the test
-loss by the distance to the previous occurrence of the same token in the same document:
+within what its layers can reach. The long-range breakdown (``fairseq-clusterformer-longrange``) therefore splits
+the test loss by the distance to the previous occurrence of the same token in the same document:
 
 - ``never``: the token does not occur earlier in its document;
 - ``within reach``: it does, at most ``reach`` tokens back (what the stacked sliding windows can carry);

@@ -69,7 +69,7 @@ def band_key_windows(x: Tensor, size: int, stride: int, fill: float | int | bool
 
 
 def merge_windows(windows: Tensor, length: int, size: int, stride: int) -> Tensor:
-    """Mean over the windows that contain each position (paper eq. 3, for any l/m ratio).
+    """Mean over the windows that contain each position (paper eq. 2, for any l/m ratio).
 
     windows: B x K x l x C; returns B x length x C. ``index_add_`` keeps this one batched kernel
     (and differentiable), whatever the number of windows.
