@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 
@@ -21,8 +22,11 @@ def import_transformers():
         import torchaudio  # noqa: F401
     except (ImportError, OSError):
         sys.modules["torchaudio"] = None  # importlib then reports it absent
-    import transformers
-
+    transformers = pytest.importorskip("transformers")
+    # the Python 3.10 environment's torch 2.0 is older than any transformers release for it supports: it then offers
+    # tokenizers and configs only, and the reference models are not there to compare with
+    if not transformers.utils.is_torch_available():
+        pytest.skip(f"transformers {transformers.__version__} does not support torch {torch.__version__}")
     return transformers
 
 

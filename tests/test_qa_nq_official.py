@@ -202,7 +202,9 @@ def test_prediction_script_refuses_contexts_cut_around_the_answers(tmp_path, mon
     from fairseq_clusterformer.scripts import qa_predict
 
     dataset = SimpleNamespace(report=lambda: "3 of 3 examples kept", moves_positions=True)
-    task = SimpleNamespace(answer_types=True, split_data=lambda split: None, dataset=lambda split: dataset)
+    task = SimpleNamespace(
+        answer_types=True, split_data=lambda split: SimpleNamespace(texts=None), dataset=lambda split: dataset
+    )
     monkeypatch.setattr(qa_predict, "load", lambda args: (None, task))
     monkeypatch.setattr(qa_predict, "predict", lambda model, task, split, batch_size: iter([]))
     args = qa_predict.get_parser().parse_args(

@@ -56,7 +56,7 @@ def test_flat_layout_is_eq4_and_round_trips(q, t, size, stride):
     layout = QALayout(q, t, size, stride)
     question, context = labelled(layout)
     flat = to_flat(question, context, layout, fill=7)
-    # eq. 4: [question copy k; context[k*m : (k+1)*m]] for k = 0..K-1
+    # eq. 3: [question copy k; context[k*m : (k+1)*m]] for k = 0..K-1
     expected = []
     for k in range(layout.count):
         expected += question[0, k].tolist()

@@ -5,10 +5,11 @@
 #   --out DIR         where the JSONL records (DIR/jsonl) and binarised data (DIR/bin) go (default data-bin/qa/NAME)
 #   --bpe-dir DIR     local GPT-2 encoder.json, vocab.bpe and dict.txt (default: fairseq's, downloaded into DIR/gpt2_bpe)
 #   --spm-vocab N     tokenise with a sentencepiece model of N pieces trained on the training records instead
+#   --hf-dir DIR      tokenise as the Hugging Face encoder imported into DIR (fairseq-clusterformer-import-hf) does
 # Environment: MAX_CONTEXT_TOKENS (default 10000).
 set -euo pipefail
 
-DATA="" OUT="" BPE_DIR="" SPM_VOCAB=""
+DATA="" OUT="" BPE_DIR="" SPM_VOCAB="" HF_DIR=""
 parse_flags() {
     while (($#)); do
         case "$1" in
@@ -16,6 +17,7 @@ parse_flags() {
             --out) OUT="$2"; shift 2 ;;
             --bpe-dir) BPE_DIR="$2"; shift 2 ;;
             --spm-vocab) SPM_VOCAB="$2"; shift 2 ;;
+            --hf-dir) HF_DIR="$2"; shift 2 ;;
             -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
             *) if ! handle_flag "$@"; then echo "$0: unknown flag $1 (see --help)" >&2; exit 2; fi; shift 2 ;;
         esac
@@ -23,6 +25,10 @@ parse_flags() {
     OUT="${OUT:-data-bin/qa/$NAME}"
     mkdir -p "$OUT/jsonl" "$OUT/download"
     if [[ -n "$DATA" && ! -d "$DATA" ]]; then echo "$0: --data $DATA is not a directory" >&2; exit 2; fi
+    if [[ -n "$HF_DIR" && ! -f "$HF_DIR/tokenizer.json" ]]; then
+        echo "$0: --hf-dir $HF_DIR holds no tokenizer.json (import the encoder with fairseq-clusterformer-import-hf)" >&2
+        exit 2
+    fi
 }
 
 fetch() {  # fetch URL FILE: download unless FILE is already there
@@ -38,7 +44,9 @@ convert() {  # convert FORMAT INPUT OUTPUT.jsonl [flags...]
 
 binarize() {  # binarize --train X.jsonl --valid Y.jsonl ... (the training split drops examples it cannot learn from)
     local tok=()
-    if [[ -n "$SPM_VOCAB" ]]; then
+    if [[ -n "$HF_DIR" ]]; then
+        tok=(--tokenizer hf --hf-dir "$HF_DIR")
+    elif [[ -n "$SPM_VOCAB" ]]; then
         local train; train=$(printf '%s\n' "$@" | grep -A1 -x -- --train | tail -1)
         fairseq-clusterformer-train-spm --input "$train" --model-prefix "$OUT/spm/qa" --vocab-size "$SPM_VOCAB"
         tok=(--tokenizer sentencepiece --sentencepiece-model "$OUT/spm/qa.model")

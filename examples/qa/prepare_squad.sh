@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # SQuAD (https://rajpurkar.github.io/SQuAD-explorer/) as long-context QA: each article is one context.
 #   bash examples/qa/prepare_squad.sh [--version 1.1|2.0] [--contexts article|paragraph] [--data DIR] [--split-dev N]
-#       [--out DIR] [--bpe-dir DIR] [--spm-vocab N]
+#       [--out DIR] [--bpe-dir DIR] [--spm-vocab N] [--hf-dir DIR]
 # --contexts paragraph: each question's context is its own paragraph (SQuAD's usual setting) instead of its article.
 # --data DIR: use DIR/train-vV.json and DIR/dev-vV.json instead of downloading them.
 # --split-dev N: no training file; the first N articles of dev-vV.json are the train split, the rest valid
 #   (e.g. --data examples/data/squad --split-dev 40 --bpe-dir examples/data/gpt2_bpe for the committed
 #   48-article v1.1 dev set and GPT-2 BPE).
+# --hf-dir DIR: tokenise as the Hugging Face encoder imported into DIR does (fairseq-clusterformer-import-hf).
 NAME=squad VERSION=1.1 SPLIT_DEV="" CONTEXTS=article
 handle_flag() {
     case "$1" in

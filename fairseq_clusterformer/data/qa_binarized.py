@@ -9,6 +9,8 @@ A data directory holds
   {split}.context.{bin,idx}     context ids, "<p> paragraph ..." for every paragraph
   {split}.meta.jsonl            one line per example, same order: id, question, answers, spans (inclusive context
                                 token indices), answer_type, long_answer, paragraph_starts, gold_in_context, extra
+and, for a tokeniser that is not lossless (--tokenizer hf), the original text and token offsets of every context
+(``qa_context_text.py``: {split}.offsets.{bin,idx}, {split}.texts.jsonl, "text_index" in the meta lines).
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ import torch
 from fairseq.data import Dictionary, indexed_dataset
 
 from fairseq_clusterformer.data.atomic_files import AtomicFiles, atomic_open
+from fairseq_clusterformer.data.qa_context_text import (
+    TEXT_INDEX,
+    ContextTexts,
+    ContextTextWriter,
+    span_text_from_offsets,
+)
 from fairseq_clusterformer.data.qa_encode import EncodedExample
 from fairseq_clusterformer.data.qa_tokenizers import PARAGRAPH_TOKEN, build_tokenizer
 
@@ -58,18 +66,27 @@ class QABinarizedWriter:
             )
             self._index_paths[part] = str(files.path(f"{prefix}.{part}.idx"))
         self._meta = open(files.path(f"{prefix}.meta.jsonl"), "w", encoding="utf-8")
+        self._prefix, self._files = prefix, files
+        self._texts: ContextTextWriter | None = None  # made by the first example that carries offsets
         self.count = 0
 
     def add(self, example: EncodedExample) -> None:
+        meta = example.meta
+        if example.offsets is not None:
+            if self._texts is None:
+                self._texts = ContextTextWriter(self._prefix, self._files)
+            meta = {**meta, TEXT_INDEX: self._texts.add(example.paragraphs, example.offsets)}
         self._builders["question"].add_item(torch.from_numpy(example.question))
         self._builders["context"].add_item(torch.from_numpy(example.context))
-        self._meta.write(json.dumps(example.meta, ensure_ascii=False) + "\n")
+        self._meta.write(json.dumps(meta, ensure_ascii=False) + "\n")
         self.count += 1
 
     def close(self) -> None:
         for part, builder in self._builders.items():
             builder.finalize(self._index_paths[part])
         self._meta.close()
+        if self._texts is not None:
+            self._texts.close()
 
 
 @dataclass
@@ -98,6 +115,8 @@ class QABinarizedSplit:
                 "meta lines; the split is incomplete, binarise it again"
             )
         self._tokenizer = None
+        # the original text behind the contexts, where the ids cannot give it back
+        self.texts = ContextTexts(prefix) if self.config.get("tokenizer") == "hf" else None
 
     @staticmethod
     def _open(prefix: str) -> indexed_dataset.MMapIndexedDataset:
@@ -126,9 +145,20 @@ class QABinarizedSplit:
             self._tokenizer = build_tokenizer(self.config, self.dictionary)
         return self._tokenizer
 
-    def span_text(self, i: int, start: int, end: int) -> str:
-        """Answer text of the inclusive context token span ``[start, end]`` of example ``i``."""
-        return span_text(self.tokenizer, self.contexts[i], start, end)
+    def context_offsets(self, i: int) -> torch.Tensor:
+        """N x 3 (paragraph, first character, end character) of every context token of example ``i`` (only for a
+        tokeniser that is not lossless)."""
+        if self.texts is None:
+            raise ValueError(f"{self.data_dir}/{self.split}: its tokeniser is lossless; no offsets are stored")
+        return self.texts.offsets(self.metas[i][TEXT_INDEX])
+
+    def span_text(self, i: int, start: int, end: int, offsets: torch.Tensor | None = None) -> str:
+        """Answer text of the inclusive context token span ``[start, end]`` of example ``i``. ``offsets`` (not lossless
+        tokenisers): those of the context as the model read it, if a cut moved its tokens."""
+        if self.texts is None:
+            return span_text(self.tokenizer, self.contexts[i], start, end)
+        offsets = self.context_offsets(i) if offsets is None else offsets
+        return span_text_from_offsets(self.texts.paragraphs(self.metas[i][TEXT_INDEX]), offsets, start, end)
 
 
 def span_text(tokenizer, context: Any, start: int, end: int) -> str:

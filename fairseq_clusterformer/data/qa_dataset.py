@@ -157,6 +157,11 @@ class QADataset(FairseqDataset):
         """The context of example ``example_index`` of the split as the model reads it (N tokens, cut if it was)."""
         return cut_context(self.split[example_index].context, self.items[self._position[example_index]])
 
+    def model_offsets(self, example_index: int) -> torch.Tensor:
+        """The N x 3 context token offsets of example ``example_index`` as the model reads its context (a tokeniser
+        that is not lossless only; cut the way ``model_context`` is)."""
+        return cut_context(self.split.context_offsets(example_index), self.items[self._position[example_index]])
+
     def _meta(self, item: QAItem) -> dict[str, Any]:
         """The example's meta line, its spans and paragraphs re-indexed when its context was cut into pieces (in a
         training split; a cut that keeps the first tokens leaves every position where it was)."""
@@ -232,7 +237,8 @@ class QADataset(FairseqDataset):
 
 
 def cut_context(context: torch.Tensor, item: QAItem) -> torch.Tensor:
-    """The item's context as the model reads it: the whole N-token context, or its kept pieces joined."""
+    """The item's context as the model reads it: the whole N-token context, or its kept pieces joined (``context``
+    may be any tensor with one row per context token, such as its offsets)."""
     if item.cut is None:
         return context
     return torch.cat([context[start:stop] for start, stop in item.cut.pieces])  # N' <= limit

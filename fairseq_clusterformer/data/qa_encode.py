@@ -8,6 +8,8 @@ answer's edges, ``cut_at_answers``), the covering tokens of the natural tokenisa
 tokens must not depend on the gold answers. A context over the token limit keeps what fits;
 spans and the long answer that fall beyond it are dropped and counted, and the example says whether its gold answer
 is still in the context (``gold_in_context``), so that training can leave out the ones it could never predict.
+A tokeniser that is not lossless (``HFTokenizer``) is never cut, and the example also carries every context token's
+paragraph and character span (``offsets``), from which a predicted span's text is cut out of the paragraphs.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from typing import Any
 import numpy as np
 
 from fairseq_clusterformer.data.qa_records import QARecord, RecordError, SkipLog, skipped_example
-from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_covering_tokens, char_span_to_tokens
+from fairseq_clusterformer.data.qa_spans import (
+    ParagraphTokenizer,
+    char_span_covering_tokens,
+    char_span_to_tokens,
+    token_char_offsets,
+)
 
 # one default for the binariser and the task: a larger binariser limit kept questions that training then skipped
 MAX_QUESTION_TOKENS = 64
@@ -29,6 +36,10 @@ class EncodedExample:
     question: np.ndarray  # Q dictionary ids, no <s> / </s>
     context: np.ndarray  # N dictionary ids, a paragraph token before every paragraph
     meta: dict[str, Any]
+    # tokenisers that are not lossless only: N x 3 (paragraph, first character, end character; -1 -1 for a paragraph
+    # token) and the paragraphs those characters index
+    offsets: np.ndarray | None = None
+    paragraphs: list[str] | None = None
 
 
 class RecordEncoder:
@@ -68,20 +79,27 @@ class RecordEncoder:
                 "question_too_long",
                 f"the question has {len(question)} tokens, over --max-question-tokens {self.max_question}",
             )
-        pieces, starts, spans = [], [], set()
+        lossless = self.paragraphs.lossless
+        exact = cut_at_answers and lossless
+        pieces, starts, spans, offsets = [], [], set(), []
         length = 0
         for p, text in enumerate(record.paragraphs):
             wanted = [(s, e) for q, s, e in record.spans if q == p]
-            tokens = self.paragraphs.tokenize(text, wanted if cut_at_answers else [])
+            tokens = self.paragraphs.tokenize(text, wanted if exact else [])
             starts.append(length)
-            to_tokens = char_span_to_tokens if cut_at_answers else char_span_covering_tokens
+            to_tokens = char_span_to_tokens if exact else char_span_covering_tokens
             for s, e in wanted:
                 first, last = to_tokens(text, tokens, s, e)
                 spans.add((length + 1 + first, length + 1 + last))  # +1: the paragraph token
             pieces.append(np.array([self.paragraph_id], dtype=np.int64))
             pieces.append(tokens.ids)
+            if not lossless:
+                chars = token_char_offsets(tokens)  # n x 2
+                offsets.append(np.array([[p, -1, -1]], dtype=np.int64))
+                offsets.append(np.concatenate([np.full((len(chars), 1), p, dtype=np.int64), chars], axis=1))  # n x 3
             length += 1 + len(tokens.ids)
         context = np.concatenate(pieces)  # N
+        context_offsets = None if lossless else np.concatenate(offsets)[: self.max_context]  # N x 3
 
         kept_spans = sorted(s for s in spans if s[1] < self.max_context)
         kept_starts = [s for s in starts if s < self.max_context]
@@ -114,4 +132,4 @@ class RecordEncoder:
             "gold_in_context": gold_in_context,
             "extra": record.extra,
         }
-        return EncodedExample(question, context, meta)
+        return EncodedExample(question, context, meta, context_offsets, None if lossless else record.paragraphs)

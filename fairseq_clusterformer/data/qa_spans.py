@@ -8,6 +8,10 @@ answer edge is a token edge: the one word that straddles an edge is re-encoded a
 just after a token's leading whitespace (" Paris" for "Paris") needs no cut; decoding that token gives the answer plus
 a space. An evaluation split must not be cut: the cut would depend on the gold answer and so mark it in the input.
 There a gold span maps to the tokens that cover it (``char_span_covering_tokens``), " 49" for the answer "4".
+
+A tokeniser that is not lossless (``HFTokenizer``: uncased WordPiece drops whitespace and accents) gives every token
+its character span instead of a byte count, so tokens need not cover the text end to end. It is never cut: a gold
+span maps to the tokens that cover it in every split, as BERT's own SQuAD fine-tuning does.
 """
 
 from __future__ import annotations
@@ -37,18 +41,29 @@ def char_to_byte_offsets(text: str) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(width, dtype=np.int64)])
 
 
+def is_lossless(tokenizer) -> bool:
+    """Whether ``tokenizer.encode`` gives byte lengths that cover the text end to end (a tokeniser that does not say
+    is taken to: GPT-2 BPE and sentencepiece are, and so are the tests' hand-made ones)."""
+    return getattr(tokenizer, "lossless", True)
+
+
 class ParagraphTokenizer:
     """Tokenises paragraphs (with a cache: one SQuAD article serves hundreds of questions) and forces token edges."""
 
     def __init__(self, tokenizer, cache_size: int = 4096) -> None:
         self.tokenizer = tokenizer
+        self.lossless = is_lossless(tokenizer)
         self.cache_size = cache_size
         self._cache: OrderedDict[str, TokenizedText] = OrderedDict()
 
     def _encode(self, text: str) -> TokenizedText:
+        c2b = char_to_byte_offsets(text)
+        if not self.lossless:
+            ids, offsets = self.tokenizer.encode(text)  # N, N x 2 character spans
+            return TokenizedText(ids, c2b[offsets[:, 0]], c2b[offsets[:, 1]], c2b)
         ids, lengths = self.tokenizer.encode(text)
         ends = np.cumsum(lengths, dtype=np.int64)
-        return TokenizedText(ids, ends - lengths, ends, char_to_byte_offsets(text))
+        return TokenizedText(ids, ends - lengths, ends, c2b)
 
     def tokenize(self, text: str, spans: list[tuple[int, int]] = ()) -> TokenizedText:
         """Tokens of ``text`` such that every character span ``[start, end)`` in ``spans`` is a run of whole tokens."""
@@ -60,6 +75,8 @@ class ParagraphTokenizer:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(text)
+        if not self.lossless:
+            return tokens  # re-encoding a piece of a word would not give the tokens the source model knows
         # right to left, so that a cut never moves the tokens of an edge still to be handled
         edges = {(end, False) for _, end in spans} | {(start, True) for start, _ in spans}
         for edge, is_start in sorted(edges, reverse=True):
@@ -101,14 +118,25 @@ def _after_leading_space(text: str, tokens: TokenizedText, i: int, start: int) -
 
 
 def char_span_covering_tokens(text: str, tokens: TokenizedText, start: int, end: int) -> tuple[int, int]:
-    """Smallest token span ``[first, last]`` (inclusive) whose bytes hold all of characters ``[start, end)``."""
+    """Smallest token span ``[first, last]`` (inclusive) whose bytes hold every token byte of characters
+    ``[start, end)``: from the first token that ends after the span's start to the last one that starts before its
+    end (for tokens that cover the text end to end, the token holding its first byte and the one holding its last)."""
     c2b = tokens.char_to_byte
     begin, stop = int(c2b[start]), int(c2b[end])
-    if not 0 <= begin < stop <= (int(tokens.ends[-1]) if len(tokens.ends) else 0):
+    if not 0 <= begin < stop <= int(c2b[-1]):
         raise RecordError("span_not_aligned", f"characters [{start}, {end}) are not a non-empty span of the text")
-    first = int(np.searchsorted(tokens.starts, begin, side="right")) - 1
-    last = int(np.searchsorted(tokens.ends, stop, side="left"))
+    first = int(np.searchsorted(tokens.ends, begin, side="right"))
+    last = int(np.searchsorted(tokens.starts, stop, side="left")) - 1
+    if last < first:
+        raise RecordError("span_not_aligned", f"characters [{start}, {end}) hold no token (only what it drops)")
     return first, last
+
+
+def token_char_offsets(tokens: TokenizedText) -> np.ndarray:
+    """N x 2: every token's ``[start, end)`` in characters of its text (a byte-level token inside one multi-byte
+    character gets that character's start)."""
+    c2b = tokens.char_to_byte
+    return np.stack([np.searchsorted(c2b, tokens.starts), np.searchsorted(c2b, tokens.ends)], axis=1)  # N x 2
 
 
 def char_span_to_tokens(text: str, tokens: TokenizedText, start: int, end: int) -> tuple[int, int]:

@@ -2,14 +2,16 @@
 
 N = tokens of one text.
 
-Both tokenisers are lossless on the text they accept: the bytes of the tokens, concatenated, are exactly the UTF-8
-bytes of the text. That is what lets the binariser map character spans to token spans exactly (``qa_spans.py``) and
-turn a predicted token span back into the very characters of the context.
+The first two tokenisers are lossless on the text they accept (``lossless = True``): the bytes of the tokens,
+concatenated, are exactly the UTF-8 bytes of the text. That is what lets the binariser map character spans to token
+spans exactly (``qa_spans.py``) and turn a predicted token span back into the very characters of the context.
 
 - ``GPT2BPETokenizer``: GPT-2 byte-level BPE from local ``encoder.json`` / ``vocab.bpe`` files (fairseq's own
   encoder), ids mapped through fairseq's GPT-2 ``dict.txt``, exactly as fairseq's RoBERTa checkpoints expect.
 - ``SentencePieceTokenizer``: a model trained by ``fairseq-clusterformer-train-spm`` (identity normalisation, no dummy
   prefix, byte fallback, so that it is lossless); pieces are the dictionary symbols.
+- ``HFTokenizer`` (``qa_hf_tokenizer.py``): the tokeniser of a Hugging Face encoder imported with
+  ``fairseq-clusterformer-import-hf``; not lossless (uncased WordPiece), so it reports character offsets instead.
 Nothing is ever downloaded.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 from fairseq.data import Dictionary
 
+from fairseq_clusterformer.data.qa_hf_tokenizer import HFTokenizer
 from fairseq_clusterformer.data.qa_records import RecordError
 
 PARAGRAPH_TOKEN = "<p>"
@@ -35,6 +38,7 @@ def add_paragraph_token(dictionary: Dictionary) -> int:
 
 class GPT2BPETokenizer:
     name = "gpt2"
+    lossless = True
 
     def __init__(self, encoder_json: str, vocab_bpe: str, dictionary: Dictionary) -> None:
         from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
@@ -90,6 +94,7 @@ def sentencepiece_dictionary(model_path: str) -> Dictionary:
 
 class SentencePieceTokenizer:
     name = "sentencepiece"
+    lossless = True
 
     def __init__(self, model_path: str, dictionary: Dictionary) -> None:
         import sentencepiece as spm
@@ -139,10 +144,19 @@ class SentencePieceTokenizer:
         return {"tokenizer": self.name, "sentencepiece_model": self.model_path}
 
 
-def build_tokenizer(config: dict[str, str], dictionary: Dictionary) -> GPT2BPETokenizer | SentencePieceTokenizer:
+TOKENIZERS = ("gpt2", "sentencepiece", "hf")
+
+
+def build_tokenizer(
+    config: dict[str, str], dictionary: Dictionary
+) -> GPT2BPETokenizer | SentencePieceTokenizer | HFTokenizer:
     """The tokeniser a ``qa_config.json`` (or the binariser's flags, in the same shape) names."""
     if config["tokenizer"] == "gpt2":
         return GPT2BPETokenizer(config["encoder_json"], config["vocab_bpe"], dictionary)
     if config["tokenizer"] == "sentencepiece":
         return SentencePieceTokenizer(config["sentencepiece_model"], dictionary)
-    raise ValueError(f"--tokenizer: unknown tokenizer {config['tokenizer']!r} (expected gpt2 or sentencepiece)")
+    if config["tokenizer"] == "hf":
+        return HFTokenizer(config["hf_dir"], dictionary)
+    raise ValueError(
+        f"--tokenizer: unknown tokenizer {config['tokenizer']!r} (expected one of {', '.join(TOKENIZERS)})"
+    )

@@ -6,7 +6,7 @@ C = channels.
 fairseq's TransformerEncoder keeps its embeddings (token, learned positions, embedding layer norm) and its
 parameter names, so a RoBERTa checkpoint loads unchanged; its layers are replaced by windowed ones:
 sliding-window layers on ``[<s> question </s></s> context-window]`` windows (the context ends in ``</s>``) and, at
-the long-range positions, the layer that ``build_layer`` makes (Cluster-Former, LSH, sparse) on the flat eq.-4
+the long-range positions, the layer that ``build_layer`` makes (Cluster-Former, LSH, sparse) on the flat eq.-3
 sequence of every window's question copy plus the merged context.
 
 Token types (``--type-vocab-size``, an imported BERT's 2; 0 for fairseq's RoBERTa, which has none): the encoder

@@ -121,6 +121,10 @@ class ClusterFormerQATask(CentroidRefreshHooks, FairseqTask):
         split's cut may have moved its paragraphs)."""
         data = self.split_data(split)
         dataset = self.datasets.get(split)
+        if data.texts is not None:
+            # a tokeniser that is not lossless (--tokenizer hf): the characters of the original context
+            offsets = dataset.model_offsets(example_index) if dataset is not None else None
+            return data.span_text(example_index, start, end, offsets)
         context = dataset.model_context(example_index) if dataset is not None else data.contexts[example_index]
         return span_text(data.tokenizer, context, start, end)
 

