@@ -7,6 +7,7 @@ half-written file that a later run would take for a finished one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,24 +18,38 @@ class AtomicFiles:
 
     def __init__(self) -> None:
         self._pending: dict[Path, Path] = {}
+        self._created: list[Path] = []  # folders made for the files: removed again on failure
 
     def path(self, final: str | os.PathLike) -> Path:
         final = Path(final)
+        if final.is_dir():
+            # refused before anything is written: the rename at the end would fail and leave the temporary behind
+            raise IsADirectoryError(errno.EISDIR, "is a directory; give the path of a file", str(final))
+        missing = [folder for folder in (final.parent, *final.parent.parents) if not folder.exists()]
         final.parent.mkdir(parents=True, exist_ok=True)
+        self._created += missing
         tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         self._pending[final] = tmp
         return tmp
 
     def commit(self) -> None:
-        for final, tmp in self._pending.items():
-            os.replace(tmp, final)
-        self._pending.clear()
+        try:
+            for final, tmp in list(self._pending.items()):
+                os.replace(tmp, final)
+                del self._pending[final]
+            self._created.clear()  # the folders now hold the files
+        finally:
+            self.discard()  # a rename that failed leaves no hidden temporary behind
 
     def discard(self) -> None:
         for tmp in self._pending.values():
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
         self._pending.clear()
+        for folder in sorted(self._created, key=lambda f: len(f.parts), reverse=True):  # the deepest first
+            with contextlib.suppress(OSError):  # not empty: something else was put there meanwhile
+                folder.rmdir()
+        self._created.clear()
 
 
 @contextlib.contextmanager

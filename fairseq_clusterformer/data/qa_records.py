@@ -16,7 +16,7 @@ import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 # Natural Questions answer types, in the order of the answer-type head's classes (the dataset's labels index this);
 # a record of a span-only data set has answer_type None. "yes" / "no" (the BERT-joint baseline's YES / NO classes: a
@@ -158,10 +158,12 @@ class SkipLog:
         self.max_messages = max_messages_per_reason
         self.skipped: Counter[str] = Counter()
         self.lost: Counter[str] = Counter()
+        self.first: dict[str, str] = {}  # reason -> where it first happened, named in the summary
         self.skipped_examples: list[dict[str, Any]] = []
 
-    def _say(self, counter: Counter[str], reason: str, message: str) -> None:
+    def _say(self, counter: Counter[str], reason: str, where: str, message: str) -> None:
         counter[reason] += 1
+        self.first.setdefault(reason, where)
         if counter[reason] <= self.max_messages:
             print(message, file=self.stream or sys.stderr)
         elif counter[reason] == self.max_messages + 1:
@@ -173,20 +175,25 @@ class SkipLog:
     def skip(self, where: str, reason: str, detail: str, example: dict[str, Any] | None = None) -> None:
         """A whole record is dropped; ``where`` names the file and record (``path:line`` or ``path [id]``),
         ``example`` is what ``skipped_example`` keeps of it (None: it has no id)."""
-        self._say(self.skipped, reason, f"{where}: skipped ({reason}): {detail}")
+        self._say(self.skipped, reason, where, f"{where}: skipped ({reason}): {detail}")
         if example is not None:
             self.skipped_examples.append(example)
 
     def lose(self, where: str, reason: str, detail: str) -> None:
         """Part of a record (an answer, a span) is dropped while the record itself is kept."""
-        self._say(self.lost, reason, f"{where}: dropped ({reason}): {detail}")
+        self._say(self.lost, reason, where, f"{where}: dropped ({reason}): {detail}")
 
     def summary(self, kept: int) -> str:
+        """One line: what was kept, and per reason how many were skipped or lost and where the first one was (a
+        skip must be findable from the summary alone: its messages may have scrolled away)."""
         parts = [f"kept {kept} examples"]
-        parts.append("skipped " + (", ".join(f"{r}={n}" for r, n in sorted(self.skipped.items())) or "none"))
+        parts.append("skipped " + (self._counts(self.skipped) or "none"))
         if self.lost:
-            parts.append("answers lost " + ", ".join(f"{r}={n}" for r, n in sorted(self.lost.items())))
+            parts.append("answers lost " + self._counts(self.lost))
         return "; ".join(parts)
+
+    def _counts(self, counter: Counter[str]) -> str:
+        return ", ".join(f"{r}={n} (first at {self.first[r]})" for r, n in sorted(counter.items()))
 
 
 def open_text(path: str) -> TextIO:
@@ -196,12 +203,29 @@ def open_text(path: str) -> TextIO:
     return open(path, encoding="utf-8")
 
 
+def open_bytes(path: str) -> BinaryIO:
+    """Open a file for reading bytes, gunzipping ``*.gz`` transparently."""
+    if str(path).endswith(".gz"):
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
 def iter_json_lines(path: str, log: SkipLog) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, object) of a JSON Lines file; bad lines and a truncated file are logged, not raised."""
+    """Yield (line number, object) of a JSON Lines file; bad lines and a truncated file are logged, not raised.
+
+    Lines are read as bytes and decoded one at a time: a line that is not UTF-8 is skipped on its own, like one that
+    is not JSON, and every line after it is still read (a text stream would stop at the first bad byte).
+    """
     lineno = 0
-    with open_text(path) as f:
+    with open_bytes(path) as f:
         try:
-            for lineno, line in enumerate(f, start=1):
+            for lineno, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    bad = f"byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line"
+                    log.skip(f"{path}:{lineno}", "malformed", f"not valid UTF-8 ({bad})")
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -210,7 +234,7 @@ def iter_json_lines(path: str, log: SkipLog) -> Iterator[tuple[int, Any]]:
                     log.skip(f"{path}:{lineno}", "malformed", f"not valid JSON ({e.msg} at column {e.colno})")
                     continue
                 yield lineno, obj
-        except (EOFError, OSError, zlib.error, UnicodeDecodeError) as e:
+        except (EOFError, OSError, zlib.error) as e:
             log.skip(f"{path}:{lineno + 1}", "truncated_file", f"the file ends early or is corrupt ({e}); stopped here")
 
 

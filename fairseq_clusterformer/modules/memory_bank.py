@@ -67,7 +67,22 @@ class MemoryBank:
         return self._size
 
     def _allocate(self, dim: int) -> None:
-        self._buffer = torch.zeros(self.capacity, dim, dtype=torch.float32, device=self._device or "cpu")
+        device = self._device or torch.device("cpu")
+        needed = self.capacity * dim * 4  # float32 rows
+        free = free_memory(device)
+        if free is not None and needed > free:
+            raise ValueError(f"{self._size_message(dim, needed)}, more than the {free:,} bytes free on {device}")
+        try:
+            self._buffer = torch.zeros(self.capacity, dim, dtype=torch.float32, device=device)
+        except RuntimeError as error:  # torch.OutOfMemoryError is one; a CPU allocation failure is a plain one
+            raise ValueError(f"{self._size_message(dim, needed)}, which {device} could not allocate") from error
+
+    def _size_message(self, dim: int, needed: int) -> str:
+        """The start of the error for a bank that does not fit; the caller says where it does not."""
+        return (
+            f"lower --memory-size {self.capacity}: the memory bank of each long-range layer holds {self.capacity} "
+            f"states x {dim} dims x 4 bytes = {needed:,} bytes ({needed / 2**30:,.1f} GiB)"
+        )
 
     def _prepare(self, states: Tensor) -> None:
         """Check the shape and allocate the buffer on the first states' device."""
@@ -184,3 +199,20 @@ def finite_rows(states: Tensor) -> tuple[Tensor, int]:
     finite = torch.isfinite(states).all(dim=1)  # N
     dropped = int((~finite).sum())
     return (states[finite] if dropped else states), dropped
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes that can still be allocated on ``device`` (the CPU: Linux's MemAvailable), or None when unknown."""
+    if device.type == "cuda":
+        # what the driver has free, plus what torch's caching allocator holds reserved but unused
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+    except OSError:
+        return None
+    available = fields.get("MemAvailable", "").split()  # "21312345 kB"
+    return int(available[0]) * 1024 if available else None

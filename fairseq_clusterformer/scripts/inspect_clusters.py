@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.models.checkpoint_kind import load_checkpoint
+from fairseq_clusterformer.models.clusterformer_lm import ClusterFormerLanguageModel
 from fairseq_clusterformer.modules.sorted_window_layer import SortedWindowLayer
 from fairseq_clusterformer.ops import cluster_stats as stats
 
@@ -170,7 +172,17 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             print(f"inspect: {flag}: {path} not found", file=sys.stderr)
             return 2
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(args.path)], {"data": str(args.data)})
+    if args.png.is_dir():
+        print(f"inspect: --png {args.png}: is a directory; give the path of a file", file=sys.stderr)
+        return 2
+    overrides = {"data": str(args.data)}
+    needed = "inspect needs a clusterformer_lm checkpoint (--arch clusterformer_lm_*): only its layers have clusters"
+    try:
+        state = load_checkpoint(args.path, overrides, ClusterFormerLanguageModel, needed)
+    except ValueError as error:
+        print(f"inspect: {error}", file=sys.stderr)
+        return 2
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(args.path)], overrides, state=state)
     model = models[0].eval()
     limit = args.tokens or int(cfg.task.tokens_per_sample)
     try:

@@ -30,9 +30,11 @@ from pathlib import Path
 import torch
 from fairseq import checkpoint_utils
 from fairseq.data import data_utils
+from fairseq.models import FairseqLanguageModel
 from torch import Tensor
 
 import fairseq_clusterformer  # noqa: F401  registers the clusterformer models and tasks
+from fairseq_clusterformer.models.checkpoint_kind import load_checkpoint
 from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
 from fairseq_clusterformer.scripts.cli_logging import log_like_fairseq
 from fairseq_clusterformer.scripts.longrange_tally import ROLES, LayerCapture, Tally, print_tables
@@ -74,6 +76,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--recall-facts {args.recall_facts}: no such file")
     if args.recall_facts is not None and args.documents != "line":
         parser.error("--recall-facts: the facts are indexed by line, so it needs --documents line")
+    if args.json is not None and args.json.is_dir():
+        parser.error(f"--json {args.json}: is a directory; give the path of a file")
     if args.json is not None and not args.json.parent.is_dir():
         parser.error(f"--json {args.json}: folder {args.json.parent} does not exist")
     return args
@@ -148,9 +152,13 @@ def score_blocks(model, stream: Tensor, eos: int, args: argparse.Namespace, tall
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [str(args.path)], arg_overrides={"data": str(args.data)}
-    )
+    overrides = {"data": str(args.data)}
+    needed = "it needs a language-model checkpoint (--task clusterformer_lm or language_modeling)"
+    try:
+        state = load_checkpoint(args.path, overrides, FairseqLanguageModel, needed)
+    except ValueError as error:
+        raise SystemExit(f"fairseq-clusterformer-longrange: error: {error}") from None
+    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(args.path)], overrides, state=state)
     model = models[0].eval()
     if torch.cuda.is_available() and not args.cpu:
         model.cuda()

@@ -2,6 +2,12 @@
 
     fairseq-clusterformer-qa-binarize --tokenizer gpt2 --encoder-json encoder.json --vocab-bpe vocab.bpe \
         --dict dict.txt --train train.jsonl --valid valid.jsonl --destdir data-bin/squad
+    fairseq-clusterformer-qa-binarize --tokenizer hf --hf-dir IMPORTED --train train.jsonl --destdir ...
+
+--tokenizer hf tokenises as a Hugging Face encoder imported with fairseq-clusterformer-import-hf does (IMPORTED holds
+its tokenizer.json, dict.txt and hf_import.json); that tokeniser need not be lossless (uncased WordPiece), so no
+split is cut, gold spans are the tokens covering the answers, and the contexts' text and token offsets are stored
+for the answers to be cut out of the original text.
 
 Bad records (malformed, empty context, answer offsets that do not match the text, questions over
 --max-question-tokens) are skipped with a message naming the file, line and id; answers beyond
@@ -11,7 +17,8 @@ those the converter skipped), for the prediction script to answer them with a nu
 (named train or train*) are tokenised with a cut at every gold answer edge, so that their gold token spans are
 exactly the answers; the contexts of every other split are tokenised as if there were no answer (a cut would mark
 the answer in the input), and their gold spans are the tokens covering the answers.
-Every output file is written under a temporary name and renamed once its split is complete.
+Every output file is written under a temporary name and renamed once every split is complete: a split
+that fails leaves --destdir as it was.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ import sys
 
 from fairseq.data import Dictionary
 
-from fairseq_clusterformer.data.atomic_files import atomic_group, atomic_open
+from fairseq_clusterformer.data.atomic_files import AtomicFiles, atomic_group
 from fairseq_clusterformer.data.qa_binarized import CONFIG, QABinarizedWriter, load_config, save_config
 from fairseq_clusterformer.data.qa_encode import MAX_QUESTION_TOKENS, RecordEncoder
+from fairseq_clusterformer.data.qa_hf_tokenizer import HFTokenizer, hf_dictionary
 from fairseq_clusterformer.data.qa_records import SkipLog, find_occurrences, read_records, skipped_example
 from fairseq_clusterformer.data.qa_tokenizers import (
     PARAGRAPH_TOKEN,
+    TOKENIZERS,
     GPT2BPETokenizer,
     SentencePieceTokenizer,
     add_paragraph_token,
@@ -39,11 +48,14 @@ from fairseq_clusterformer.scripts.cli_logging import run_cli
 
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fairseq-clusterformer-qa-binarize", description=__doc__.split("\n")[0])
-    parser.add_argument("--tokenizer", choices=["gpt2", "sentencepiece"], default="gpt2")
+    parser.add_argument("--tokenizer", choices=TOKENIZERS, default="gpt2")
     parser.add_argument("--encoder-json", help="GPT-2 encoder.json (local file; --tokenizer gpt2)")
     parser.add_argument("--vocab-bpe", help="GPT-2 vocab.bpe (local file; --tokenizer gpt2)")
     parser.add_argument("--dict", help="fairseq's GPT-2 dict.txt (--tokenizer gpt2)")
     parser.add_argument("--sentencepiece-model", help="model from fairseq-clusterformer-train-spm")
+    parser.add_argument(
+        "--hf-dir", help="directory written by fairseq-clusterformer-import-hf (--tokenizer hf; its dict.txt is used)"
+    )
     for split in ("train", "valid", "test"):
         parser.add_argument(f"--{split}", metavar="JSONL", help=f"QA records of the {split} split")
     parser.add_argument("--split", action="append", default=[], metavar="NAME=JSONL", help="another split")
@@ -95,6 +107,12 @@ def _tokenizer(args: argparse.Namespace):
         dictionary = Dictionary.load(existing if os.path.isfile(existing) else args.dict)
         add_paragraph_token(dictionary)
         return GPT2BPETokenizer(args.encoder_json, args.vocab_bpe, dictionary), dictionary
+    if args.tokenizer == "hf":
+        if not args.hf_dir:
+            raise ValueError("--tokenizer hf needs --hf-dir (a directory written by fairseq-clusterformer-import-hf)")
+        dictionary = Dictionary.load(existing) if os.path.isfile(existing) else hf_dictionary(args.hf_dir)
+        add_paragraph_token(dictionary)
+        return HFTokenizer(args.hf_dir, dictionary), dictionary
     if not args.sentencepiece_model:
         raise ValueError("--tokenizer sentencepiece needs --sentencepiece-model")
     if not os.path.isfile(args.sentencepiece_model):
@@ -111,36 +129,37 @@ def is_training_split(name: str) -> bool:
     return name.startswith("train")
 
 
-def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionary: Dictionary) -> dict:
+def binarize_split(
+    args, name: str, path: str, encoder: RecordEncoder, dictionary: Dictionary, files: AtomicFiles
+) -> dict:
+    """Write split ``name`` through ``files`` (renamed into place by the caller) and return its summary."""
     log = SkipLog()
-    cut = is_training_split(name)
+    training = is_training_split(name)
+    cut = training and encoder.paragraphs.lossless  # a tokeniser that is not lossless is never cut
     unreachable = 0
-    with atomic_group() as files:
-        writer = QABinarizedWriter(args.destdir, name, len(dictionary), files)
-        for where, record in read_records(path, log):
-            if args.find_all_occurrences:
-                found = {tuple(s) for s in find_occurrences(record.paragraphs, record.answers)}
-                record = dataclasses.replace(
-                    record, spans=[list(s) for s in sorted(found | set(map(tuple, record.spans)))]
+    writer = QABinarizedWriter(args.destdir, name, len(dictionary), files)
+    for where, record in read_records(path, log):
+        if args.find_all_occurrences:
+            found = {tuple(s) for s in find_occurrences(record.paragraphs, record.answers)}
+            record = dataclasses.replace(record, spans=[list(s) for s in sorted(found | set(map(tuple, record.spans)))])
+        example = encoder.encode(record, where, log, cut_at_answers=cut)
+        if example is None:
+            continue
+        if not example.meta["gold_in_context"]:
+            if args.drop_unreachable:
+                reason = "answer_not_in_context"
+                log.skip(
+                    where,
+                    reason,
+                    "no gold answer lies in the kept context",
+                    skipped_example(record.id, reason, record.extra),
                 )
-            example = encoder.encode(record, where, log, cut_at_answers=cut)
-            if example is None:
                 continue
-            if not example.meta["gold_in_context"]:
-                if args.drop_unreachable:
-                    reason = "answer_not_in_context"
-                    log.skip(
-                        where,
-                        reason,
-                        "no gold answer lies in the kept context",
-                        skipped_example(record.id, reason, record.extra),
-                    )
-                    continue
-                unreachable += 1
-            writer.add(example)
-        writer.close()
-        if writer.count == 0:
-            raise ValueError(f"{path}: no usable example (see the messages above); nothing written for split {name}")
+            unreachable += 1
+        writer.add(example)
+    writer.close()
+    if writer.count == 0:
+        raise ValueError(f"{path}: no usable example (see the messages above); nothing written to {args.destdir}")
     print(
         f"| {name}: {path} -> {os.path.join(args.destdir, name)}.*: {log.summary(writer.count)}; "
         f"{unreachable} kept with their gold answer outside the context",
@@ -153,8 +172,9 @@ def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionar
         "gold_not_in_context": unreachable,
         "skipped": dict(sorted(log.skipped.items())),
         "answers_lost": dict(sorted(log.lost.items())),
+        "first_skipped": {reason: log.first[reason] for reason in sorted(log.skipped)},
     }
-    if not cut:
+    if not training:
         # an evaluation split's prediction file must name every example (nq_eval.py rejects one that misses an id):
         # the prediction script writes a null answer for each of these. Not kept for a training split, where
         # --drop-unreachable may skip a large share and nothing is predicted.
@@ -165,7 +185,6 @@ def binarize_split(args, name: str, path: str, encoder: RecordEncoder, dictionar
 def main(args: argparse.Namespace) -> None:
     splits = _splits(args)
     tokenizer, dictionary = _tokenizer(args)
-    os.makedirs(args.destdir, exist_ok=True)
     config_path = os.path.join(args.destdir, CONFIG)
     config = load_config(args.destdir) if os.path.isfile(config_path) else {}
     if config and config.get("tokenizer") != args.tokenizer:
@@ -177,14 +196,16 @@ def main(args: argparse.Namespace) -> None:
         max_question_tokens=args.max_question_tokens,
     )
     config.setdefault("splits", {})
-    with atomic_open(os.path.join(args.destdir, "dict.txt")) as f:
-        dictionary.save(f)
     encoder = RecordEncoder(
         tokenizer, dictionary.index(PARAGRAPH_TOKEN), args.max_context_tokens, args.max_question_tokens
     )
-    for name, path in splits.items():
-        config["splits"][name] = binarize_split(args, name, path, encoder, dictionary)
-        save_config(args.destdir, config)
+    # one group for every file: a split that fails leaves --destdir as it was (no dict.txt, no earlier split)
+    with atomic_group() as files:
+        with open(files.path(os.path.join(args.destdir, "dict.txt")), "w", encoding="utf-8") as f:
+            dictionary.save(f)
+        for name, path in splits.items():
+            config["splits"][name] = binarize_split(args, name, path, encoder, dictionary, files)
+    save_config(args.destdir, config)
 
 
 def cli_main() -> None:
