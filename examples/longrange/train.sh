@@ -7,9 +7,10 @@
 #   KIND: full | none | cluster-strict | cluster-paper | lsh | sparse
 #
 # Environment: UPDATES (3000), TOKENS (tokens per sample, 128), BATCH (samples per update, 2048 / TOKENS),
-# WINDOW (8; reach = 4 x (WINDOW - 1) = 28), SLIDING (--sliding-windows: overlap, the paper, or band), VALUES
-# (--long-range-values: own, the paper, or next; next needs a strict kind), CLUSTERS (16), LR (0.002, constant after
-# 200 warm-up updates), THREADS (OMP_NUM_THREADS, 1). The defaults are the recall task's (examples/longrange/README.md).
+# WINDOW (8; reach = 4 x (WINDOW - 1) = 28), LAYERS (--long-range-layers, 2,4), SLIDING (--sliding-windows:
+# overlap, the paper, or band), VALUES (--long-range-values: own, the paper, or next; next needs a strict kind),
+# CLUSTERS (16), LR (0.002, constant after 200 warm-up updates), THREADS (OMP_NUM_THREADS, 1). The defaults are the
+# recall task's (examples/longrange/README.md); examples/code/README.md sets them for source code.
 set -euo pipefail
 [ $# -ge 4 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
 kind=$1 seed=$2 data=$3 save=$4
@@ -25,7 +26,7 @@ case "$kind" in
     [ "$kind" != cluster-paper ] || causality=paper
     arch=(--user-dir "$repo/fairseq_clusterformer" --task clusterformer_lm --arch clusterformer_lm_tiny
       --window-size "$window" --window-stride $((window / 2)) --sliding-windows "${SLIDING:-overlap}"
-      --long-range-layers 2,4 --long-range-layer "$layer" --long-range-values "${VALUES:-own}"
+      --long-range-layers "${LAYERS:-2,4}" --long-range-layer "$layer" --long-range-values "${VALUES:-own}"
       --num-clusters "${CLUSTERS:-16}" --cluster-causality "$causality"
       --memory-size 20000 --cluster-update-interval 250 --kmeans-iters 10) ;;
   *) echo "train.sh: KIND must be full, none, cluster-strict, cluster-paper, lsh or sparse, got '$kind'" >&2; exit 2 ;;

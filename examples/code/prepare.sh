@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The source-code corpus of the long-range comparison, binarised for fairseq: Python files of installed packages
+# (default: torch and fairseq, pinned by the project's set-up) or of any folder, as Python tokens with per-file
+# placeholders for file-local names (examples/code/build_corpus.py says why). Python's standard library becomes a second
+# test split (test1 in fairseq's naming: `--gen-subset test1`).
+#
+#   bash examples/code/prepare.sh [--data DIR] [--out DIR] [--packages "NAME ..."]
+#   --data DIR:      every *.py file under DIR instead of the installed packages (no standard-library split then)
+#   --out DIR:       where text/ and data-bin/ go (default: code-work)
+#   --packages LIST: installed distributions to read (default: torch and fairseq-fixed, or fairseq on Python 3.10)
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+out=code-work source=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data) source=(--data "$2"); shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    # shellcheck disable=SC2206  # a space-separated list of names
+    --packages) source=(--packages $2); shift 2 ;;
+    *) sed -n '2,10p' "$0" >&2; exit 2 ;;
+  esac
+done
+[ "${source[0]:-}" = --data ] || source+=(--stdlib)
+python "$repo/examples/code/build_corpus.py" --out "$out/text" "${source[@]}"
+tests="$out/text/test.txt"
+[ ! -f "$out/text/stdlib.txt" ] || tests="$tests,$out/text/stdlib.txt"
+rm -rf "$out/data-bin"
+fairseq-preprocess --only-source --trainpref "$out/text/train.txt" --validpref "$out/text/valid.txt" \
+  --testpref "$tests" --destdir "$out/data-bin" --workers 2
+cp "$out/text/corpus.json" "$out/data-bin/"
+echo "binarised: $out/data-bin (corpus.json records the sources and the splits' SHA-256)"
