@@ -16,6 +16,8 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
+from fairseq_clusterformer.models.dictionary_fingerprint import check_dictionary, dictionary_file, record_dictionary
+from fairseq_clusterformer.modules.centroid_refresh import check_refreshed_in_training
 from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
 from fairseq_clusterformer.modules.layer_settings import (
     CAUSALITY_CHOICES,
@@ -192,7 +194,20 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
             task.target_dictionary,
             embed_tokens,
         )
-        return cls(decoder)
+        model = cls(decoder)
+        record_dictionary(model, dictionary, dictionary_file(task))
+        return model
+
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        # every path that loads a checkpoint comes here, with or without --task clusterformer_lm
+        check_dictionary(self, state_dict)
+        return super().load_state_dict(state_dict, strict, model_cfg, args)
+
+    def train(self, mode: bool = True):
+        # only training calls train(): fairseq-eval-lm and generation never do, whatever the task
+        if mode:
+            check_refreshed_in_training(self)
+        return super().train(mode)
 
 
 def _set_defaults(args, **defaults) -> None:

@@ -63,7 +63,7 @@ class CentroidRefresher:
         self.layers: list[ClusterFormerLayer] = []
         self.banks = LayerBanks([], settings.memory_size, settings.sample_per_batch, settings.seed)
         self.refreshes_started = 0
-        self.num_refreshes = 0  # refreshes installed
+        self.num_refreshes = 0  # refreshes that installed centroids in at least one layer (skipped ones do not count)
         self.layer_refreshes: list[int] = []  # per layer: installs that replaced its centroids
         self.last_refresh_update = -1
         self.last_refresh_epoch = 1
@@ -170,6 +170,7 @@ class CentroidRefresher:
         results = pending.results()
         waited = time.perf_counter() - start
         _, size = world()
+        installed = 0
         for index, layer in enumerate(self.layers):
             result = results[index] if results is not None else None
             ok = torch.tensor(
@@ -182,32 +183,47 @@ class CentroidRefresher:
                 if result.shares is not None:
                     shares = result.shares.to(shares.device)
             if size > 1:
-                broadcast_from_rank0([ok, centroids, shares])
+                broadcast_from_rank0([ok, centroids, shares])  # rank 0's verdict: every rank counts alike
             if ok.item():
                 layer.set_centroids(centroids, shares)
                 self.layer_refreshes[index] += 1
-            self._log_install(index, layer, result, update_num)
+                installed += 1
+            self._log_install(pending.number, index, layer, result, update_num)
         if size > 1:
-            check_ranks_agree(self.layers, self.num_refreshes + 1)
-        self.num_refreshes += 1
+            check_ranks_agree(self.layers, pending.number)
+        # a refresh counts once it replaced some layer's centroids: one skipped everywhere (too few or too alike
+        # banked states) left the model as it was, and the count that the logs and checkpoints show must say so
+        if installed:
+            self.num_refreshes += 1
+        else:
+            logger.warning(
+                f"K-Means job {pending.number} (snapshot of update {pending.started_at}) installed no centroids: "
+                f"not counted as a refresh ({self.num_refreshes} so far)"
+            )
         self.last_refresh_seconds = sum(r.seconds for r in results) if results else 0.0
         self.last_stall_seconds = self._start_seconds + time.perf_counter() - start
         self._start_seconds = 0.0
-        if self.settings.swap_delay > 0:
+        if self.settings.swap_delay > 0 and installed:
             logger.info(
-                f"K-Means job {self.num_refreshes} (snapshot of update {pending.started_at}) installed at update "
+                f"K-Means job {pending.number} (snapshot of update {pending.started_at}) installed at update "
                 f"{update_num}: training waited {waited:.3f}s for it"
             )
 
-    def _log_install(self, index: int, layer: ClusterFormerLayer, result: LayerResult | None, update: int) -> None:
-        if result is None:
+    def _log_install(
+        self, job: int, index: int, layer: ClusterFormerLayer, result: LayerResult | None, update: int
+    ) -> None:
+        if result is None:  # ranks other than 0 hold no results
             return
+        done = f"{result.num_states} states, {result.seconds:.2f}s"
         if result.centroids is None:
-            logger.warning(f"long-range layer {index}: {result.skipped_because}; keeping the previous centroids")
+            logger.warning(
+                f"K-Means job {job}, long-range layer {index}: skipped at update {update} ({done}): "
+                f"{result.skipped_because}; keeping the previous centroids"
+            )
+            return
         logger.info(
-            f"K-Means refresh {self.num_refreshes + 1}, long-range layer {index}: {result.num_states} states, "
-            f"{layer.num_clusters} clusters, {result.seconds:.2f}s ({result.backend}), installed at update "
-            f"{update}"
+            f"K-Means refresh {self.num_refreshes + 1}, long-range layer {index}: {done} ({result.backend}), "
+            f"{layer.num_clusters} clusters, installed at update {update}"
         )
 
     # ---- checkpoints and logging -------------------------------------------------------------------------------
@@ -264,3 +280,17 @@ class CentroidRefresher:
             metrics.log_scalar("kmeans_s", self.last_refresh_seconds, weight=0, round=3)
             metrics.log_scalar("kmeans_stall_s", self.last_stall_seconds, weight=0, round=3)
             metrics.log_scalar("kmeans_refreshes", self.num_refreshes, weight=0, round=0)
+
+
+def check_refreshed_in_training(model: nn.Module) -> None:
+    """Refuse to train Cluster-Former layers that no task refreshes (their banks' sinks are set by
+    ``CentroidRefresher.attach``): under fairseq's own language_modeling task the centroids would stay the random
+    ones they were built with. Evaluation and generation never call this: it belongs in ``model.train()``."""
+    orphans = [m for m in model.modules() if isinstance(m, ClusterFormerLayer) and m.state_sink is None]
+    if orphans:
+        raise ValueError(
+            f"this model has {len(orphans)} Cluster-Former layer(s) (--long-range-layer cluster) but the task does "
+            "not refresh their centroids (no memory bank, no K-Means): they would train on random centroids. Train "
+            "with --task clusterformer_lm (QA: --task clusterformer_qa), or use --long-range-layer lsh, sparse or "
+            "none, which have no centroids. Evaluation is not affected: fairseq-eval-lm works without --task"
+        )

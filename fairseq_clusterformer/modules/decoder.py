@@ -165,9 +165,14 @@ class ClusterFormerDecoder(TransformerDecoderBase):
         return x, {"attn": [None], "inner_states": inner_states}
 
     def reorder_incremental_state(self, incremental_state, new_order: Tensor) -> None:
-        """Beam search: pick the caches' batch rows (every cached tensor is batch first, but the length)."""
+        """Beam search: pick the caches' batch rows (every cached tensor is batch first, but the length).
+
+        ``new_order`` may be shorter than the cached batch: the generator drops the rows of finished sentences."""
         cache = self.get_incremental_state(incremental_state, CACHE_KEY)
-        if cache is None or torch.equal(new_order, torch.arange(new_order.numel(), device=new_order.device)):
+        if cache is None:
+            return
+        rows = next((t.size(0) for name, t in cache.items() if name != "length"), None)
+        if rows == new_order.numel() and torch.equal(new_order, torch.arange(rows, device=new_order.device)):
             return  # greedy search keeps every row in place at every step: copying the caches would be wasted
         reordered = {name: t if name == "length" else t.index_select(0, new_order) for name, t in cache.items()}
         self.set_incremental_state(incremental_state, CACHE_KEY, reordered)

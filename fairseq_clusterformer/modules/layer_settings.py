@@ -50,7 +50,8 @@ class LayerSettings:
     activation_fn: str = "relu"
     # "layer": the paper, the whole layer runs per window and overlapping outputs are averaged; "attention": only
     # the attention outputs are averaged, then residual, norm and FFN run once per token (half the FFN work at
-    # stride l/2). The two agree wherever windows do not overlap (strict causality's band, stride == size).
+    # stride l/2). The two agree wherever no token is a query in two windows (the bands: strict causality's and
+    # --sliding-windows band); overlapping windows always overlap, as ``check_window`` requires stride < size.
     window_merge: str = "layer"
     # the sliding-window layers: "overlap" (the paper), windows [k*m, k*m + l) with the outputs of overlapping
     # windows averaged, so a token's output mixes a window where it sees up to l - 1 earlier tokens with one where
@@ -90,6 +91,13 @@ def check_long_range(kind: str, num_clusters: int, causality: str, band_groups: 
         )
     if band_groups < 1:
         raise ValueError(f"--cluster-groups must be positive (or 0 for the default), got {band_groups}")
+    if kind in ("cluster", "lsh") and causality == "strict" and band_groups > num_clusters:
+        # a group is a run of neighbouring clusters: more groups than clusters leaves groups empty, and the
+        # attention pattern is not the one asked for
+        raise ValueError(
+            f"--cluster-groups ({band_groups}; 0 means --tokens-per-sample / (2 x --window-size)) must not exceed "
+            f"--num-clusters ({num_clusters}): every group is a run of at least one cluster"
+        )
 
 
 @dataclass(frozen=True)
@@ -106,14 +114,23 @@ class LongRangePlan:
 
     def __post_init__(self) -> None:
         check_long_range(self.kind, self.num_clusters, self.causality, self.band_groups, self.values)
+        if not self.layers and self.kind != "none":
+            raise ValueError(
+                f"--long-range-layers is empty, so no layer would run --long-range-layer {self.kind}: name the "
+                "long-range layers (e.g. '11,15'), or say --long-range-layer none for sliding windows everywhere"
+            )
 
 
 def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layers") -> frozenset[int]:
-    """'11,15' -> {11, 15}; every entry must be a layer number in 1..num_layers."""
+    """'11,15' -> {11, 15}; every entry must be a layer number in 1..num_layers, named once."""
     try:
-        layers = frozenset(int(item) for item in str(spec).replace(" ", "").split(",") if item)
+        numbers = [int(item) for item in str(spec).replace(" ", "").split(",") if item]
     except ValueError:
         raise ValueError(f"{flag} must be comma-separated layer numbers like '11,15', got {spec!r}") from None
+    layers = frozenset(numbers)
+    if len(layers) < len(numbers):
+        repeated = sorted({i for i in numbers if numbers.count(i) > 1})
+        raise ValueError(f"{flag} {spec!r} names layer(s) {repeated} more than once: a layer is long-range once")
     bad = sorted(i for i in layers if not 1 <= i <= num_layers)
     if bad:
         raise ValueError(f"{flag} {spec!r}: layer(s) {bad} outside 1..{num_layers} (layers are numbered from 1)")

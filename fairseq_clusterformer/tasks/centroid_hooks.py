@@ -10,10 +10,19 @@ import time
 from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
+from fairseq.utils import safe_getattr
 
 from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
+from fairseq_clusterformer.modules.rank_exchange import world
 from fairseq_clusterformer.ops.kmeans import KMEANS_BACKENDS
-from fairseq_clusterformer.tasks.checkpoint_files import keep_banks_in_last_only
+from fairseq_clusterformer.tasks.checkpoint_files import (
+    check_checkpoint_file,
+    check_model_fits,
+    checkpoint_files_to_load,
+    keep_banks_in_last_only,
+    save_dir_of,
+)
+from fairseq_clusterformer.tasks.checkpoint_writes import install_atomic_checkpoint_writes, remove_stale_temp_files
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +38,8 @@ class MemoryBankConfig:
         metadata={"help": "states kept per long-range layer for K-Means (all ranks together, on rank 0)"},
     )
     cluster_update_interval: int = field(
-        default=0, metadata={"help": "updates between centroid refreshes; 0 = at the start of every epoch"}
+        default=0,
+        metadata={"help": "updates between centroid refreshes; 0 = at the start of every epoch after the first"},
     )
     kmeans_iters: int = field(default=20, metadata={"help": "K-Means iterations per refresh"})
     memory_sample_per_batch: int = field(
@@ -85,7 +95,32 @@ class CentroidRefreshHooks:
     def build_model(self, cfg, from_checkpoint=False):
         model = super().build_model(cfg, from_checkpoint)
         self.refresher.attach(model)
+        if not from_checkpoint:  # a training run (a model rebuilt from a checkpoint is for inference)
+            self.prepare_checkpoints(cfg, model)
         return model
+
+    def prepare_checkpoints(self, model_cfg, model) -> None:
+        """Before training starts: the checkpoint it will resume from is intact and fits the model these flags
+        build, the save dir holds no debris of killed saves, and this run's saves and copies are atomic."""
+        # fairseq's legacy tasks (language_modeling) keep their config in ``args``, the others in ``cfg``
+        task_cfg = getattr(self, "cfg", None) or getattr(self, "args", None)
+        if task_cfg is None:
+            return
+        flags = " ".join(
+            f"{flag} {value}"
+            for flag, value in (
+                ("--long-range-layers", safe_getattr(model_cfg, "long_range_layers", None)),
+                ("--long-range-layer", safe_getattr(model_cfg, "long_range_layer", None)),
+            )
+            if value is not None
+        )
+        for flag, path in checkpoint_files_to_load(task_cfg):
+            check_checkpoint_file(path, flag)
+            check_model_fits(path, flag, model, flags or "the flags")
+        save_dir = save_dir_of(task_cfg)
+        if save_dir is not None and world()[0] == 0:  # rank 0 writes the checkpoints
+            install_atomic_checkpoint_writes()
+            remove_stale_temp_files(save_dir)
 
     def begin_epoch(self, epoch, model):
         super().begin_epoch(epoch, model)

@@ -5,15 +5,23 @@ torch's own error for a truncated checkpoint does not say which file it was read
 another dictionary fails with a size mismatch of embedding matrices; these checks name the file and the cause.
 """
 
+from __future__ import annotations
+
+import glob
 import hashlib
 import inspect
 import os
-import shutil
-import time
+import pickle
+import re
 import zipfile
+from argparse import Namespace
 
 import torch
-from fairseq.checkpoint_utils import torch_persistent_save
+from fairseq.file_io import PathManager
+from fairseq.models import ARCH_MODEL_NAME_REGISTRY, MODEL_REGISTRY
+
+from fairseq_clusterformer.tasks.checkpoint_records import model_keys, tensor_index, verify_records
+from fairseq_clusterformer.tasks.checkpoint_writes import atomic_copy, atomic_save
 
 # torch.save's legacy (pre-1.6, non-zip) format starts with a pickle protocol byte, as fairseq's older published
 # checkpoints do; anything else that is not a zip archive is not a checkpoint
@@ -33,9 +41,41 @@ def _select(root, group: str, key: str):
     return getattr(section, key, None) if section is not None else None
 
 
+def save_dir_of(task_cfg) -> str | None:
+    """fairseq-train's --save-dir for the run a task's config belongs to (None: a task built by hand)."""
+    root = _root_config(task_cfg)
+    save_dir = _select(root, "checkpoint", "save_dir") if root is not None else None
+    return None if save_dir is None else str(save_dir)
+
+
+def _exists(path: str) -> bool:
+    """A checkpoint fairseq can load from ``path``: the file, or its shards (``-shard0.pt``, ``-model_part-0.pt``)."""
+    if PathManager.path_requires_pathmanager(path):
+        return PathManager.exists(path)
+    stem, extension = os.path.splitext(path)
+    return os.path.isfile(path) or bool(glob.glob(glob.escape(stem) + "-*" + extension))
+
+
+def check_restore_file(restore: str, save_dir: str) -> None:
+    """An explicitly named --restore-file must exist: fairseq only logs "No existing checkpoint found" and trains
+    from scratch, over the checkpoint_last.pt and checkpoint_best.pt of the run it was meant to resume."""
+    if _exists(restore):
+        return
+    hint = ""
+    beside = os.path.join(save_dir, restore)
+    if not os.path.isabs(restore) and _exists(beside):
+        hint = f" (a relative path is read from the working directory: did you mean {beside}?)"
+    raise FileNotFoundError(
+        f"--restore-file {restore} does not exist{hint}: without it fairseq would train from scratch and write "
+        f"over checkpoint_last.pt and checkpoint_best.pt in --save-dir {save_dir}. Fix the path, or leave "
+        "--restore-file out to resume from --save-dir's checkpoint_last.pt"
+    )
+
+
 def checkpoint_files_to_load(task_cfg) -> list[tuple[str, str]]:
     """(flag, path) of the checkpoints this command line will load: fairseq-eval-lm's --path, or fairseq-train's
-    --restore-file (default: checkpoint_last.pt in --save-dir); only files that exist (fairseq decides the rest)."""
+    --restore-file (default: checkpoint_last.pt in --save-dir, when there is one). An explicitly named
+    --restore-file that does not exist is an error (``check_restore_file``); the rest fairseq decides."""
     root = _root_config(task_cfg)
     if root is None:
         return []
@@ -46,15 +86,30 @@ def checkpoint_files_to_load(task_cfg) -> list[tuple[str, str]]:
         restore = _select(root, "checkpoint", "restore_file")
         if restore is None:
             return []
-        if restore == "checkpoint_last.pt":
-            restore = os.path.join(str(_select(root, "checkpoint", "save_dir")), restore)
+        save_dir = str(_select(root, "checkpoint", "save_dir"))
+        if restore == "checkpoint_last.pt":  # fairseq's default: not a name the user chose
+            restore = os.path.join(save_dir, restore)
+        else:
+            check_restore_file(str(restore), save_dir)
         candidates = [("--restore-file", str(restore))]
     return [(flag, path) for flag, path in candidates if os.path.isfile(path)]
 
 
+# (real path, size, mtime) of the files that passed: the task checks at set-up and again when the model is built
+_VERIFIED: set[tuple[str, int, int]] = set()
+
+
 def check_checkpoint_file(path: str, flag: str) -> None:
-    """Raise ValueError naming ``path`` when it cannot be a complete torch checkpoint (cheap: reads its ends only)."""
+    """Raise ValueError naming ``path`` when it is not a complete, intact torch checkpoint: truncated (no zip
+    directory at its end), or a record whose CRC-32 fails (reads the whole file once, about as fast as torch.load
+    reads it; a file that passed is not read again while its size and mtime stay)."""
+    stat = os.stat(path)
+    identity = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)
+    if identity in _VERIFIED:
+        return
     if zipfile.is_zipfile(path):  # finds the zip's central directory, which a truncated file has lost
+        verify_records(path, flag)
+        _VERIFIED.add(identity)
         return
     with open(path, "rb") as handle:
         head = handle.read(1)
@@ -85,6 +140,68 @@ def check_dictionary(saved: dict, dictionary, dict_file: str) -> None:
     raise ValueError(
         f"the checkpoint was trained with another dictionary: {detail}. Evaluate on data binarised with the "
         "training run's dict.txt (fairseq-preprocess --srcdict <training data-bin>/dict.txt)"
+    )
+
+
+# a Cluster-Former layer's K-Means centroids: ``decoder.layers.10.centroids`` is layer 11, as the flags count
+_CENTROIDS_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.centroids$")
+
+
+def cluster_layers(keys) -> list[int]:
+    """1-based numbers of the layers whose centroid buffers are among the state-dict ``keys``."""
+    return sorted(int(match.group(1)) + 1 for key in keys if (match := _CENTROIDS_KEY.search(key)))
+
+
+def _saved_model_cfg(index) -> dict:
+    """The checkpoint's model config: fairseq saves a plain dict (``cfg``), older versions a Namespace (``args``)."""
+    try:
+        model_cfg = index["cfg"]["model"] if index.get("cfg") is not None else vars(index["args"])
+    except (KeyError, TypeError, AttributeError):
+        return {}
+    return model_cfg if isinstance(model_cfg, dict) else vars(model_cfg) if isinstance(model_cfg, Namespace) else {}
+
+
+def _same_model(model_cfg: dict, model) -> bool:
+    """Whether the checkpoint was written by ``model``'s registered model class (a resume), not another one (a
+    RoBERTa or transformer_lm checkpoint to start from, which the model's own loader adapts or fairseq refuses)."""
+    name = model_cfg.get("_name") or model_cfg.get("arch")
+    name = ARCH_MODEL_NAME_REGISTRY.get(name, name)
+    return MODEL_REGISTRY.get(name) is type(model)
+
+
+def _saved_flags(model_cfg: dict) -> str:
+    """The checkpoint's own --long-range-layers / --long-range-layer, when its config says."""
+    flags = {"--long-range-layers": "long_range_layers", "--long-range-layer": "long_range_layer"}
+    given = {flag: model_cfg.get(name) for flag, name in flags.items()}
+    given = {flag: value for flag, value in given.items() if value is not None}
+    return " (trained with " + " ".join(f"{flag} {value}" for flag, value in given.items()) + ")" if given else ""
+
+
+def check_model_fits(path: str, flag: str, model, flags: str) -> None:
+    """Before fairseq loads ``path`` into ``model`` (strictly, with a bare missing/unexpected-key error): say which
+    Cluster-Former layers the checkpoint has and which ones the command line's ``flags`` build, when they differ."""
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        index = tensor_index(path)
+    except pickle.UnpicklingError:  # a global torch's safe loader refuses as well: fairseq's load will say which
+        return
+    saved, model_cfg = model_keys(index), _saved_model_cfg(index)
+    if not saved or not _same_model(model_cfg, model):
+        return
+    theirs, ours = cluster_layers(saved), cluster_layers(model.state_dict())
+    if theirs == ours:
+        return
+    has = (
+        f"Cluster-Former layers {theirs} (their centroid buffers)"
+        if theirs
+        else "no K-Means centroid buffers (no Cluster-Former layer: --long-range-layer lsh, sparse or none, or "
+        "another architecture)"
+    )
+    builds = f"Cluster-Former layers {ours}" if ours else "no Cluster-Former layer"
+    raise ValueError(
+        f"{flag} {path} has {has}{_saved_flags(model_cfg)}, but {flags} build {builds}: resume with the checkpoint's "
+        "settings, or start a new run in another --save-dir"
     )
 
 
@@ -121,7 +238,7 @@ def drop_memory_banks(path: str, task_key: str, state_key: str) -> bool:
     if refresh is None or refresh.get("banks") is None:
         return False
     refresh["banks"] = None
-    torch_persistent_save(state, path)
+    atomic_save(state, path)
     return True
 
 
@@ -137,7 +254,5 @@ def keep_banks_in_last_only(first: str, since: float, task_key: str, state_key: 
     if not drop_memory_banks(first, task_key, state_key):
         return []
     for path in others:
-        tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-        shutil.copyfile(first, tmp)
-        os.replace(tmp, path)
+        atomic_copy(first, path)
     return [first, *others]

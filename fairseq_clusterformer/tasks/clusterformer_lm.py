@@ -38,6 +38,31 @@ class ClusterFormerLMTask(CentroidRefreshHooks, LanguageModelingTask):
                 check_checkpoint_file(path, flag)
         return super().setup_task(args, **kwargs)
 
+    def get_batch_iterator(self, dataset, *args, epoch=1, seed=1, **kwargs):
+        """fairseq's iterator, with the batches an uninterrupted run would see in every epoch.
+
+        fairseq orders a dataset's examples under the seed ``seed + epoch`` of the epoch the iterator is built in, and
+        freezes that order for every later epoch (only the batch order is reshuffled per epoch). An uninterrupted run
+        builds its training iterator once, in epoch 1; a run resumed in epoch 2 or later builds it in that epoch, so
+        it ordered the examples otherwise and saw other batches from then on. An iterator that is kept across epochs
+        is therefore always ordered as in epoch 1 (and seeded as then with --update-ordered-indices-seed). One that is
+        rebuilt every epoch (sharded data, --update-epoch-batch-itr) is built in the same epoch by both runs already.
+        """
+        kept = (
+            not kwargs.get("disable_iterator_cache", False)
+            and not kwargs.get("update_epoch_batch_itr", False)
+            and self.can_reuse_epoch_itr(dataset)
+        )
+        if not kept or epoch <= 1 or dataset in self.dataset_to_epoch_iter:
+            return super().get_batch_iterator(dataset, *args, epoch=epoch, seed=seed, **kwargs)
+        if seed == self.args.seed + epoch:  # --update-ordered-indices-seed: the trainer passes --seed + epoch
+            seed = self.args.seed + 1
+        iterator = super().get_batch_iterator(dataset, *args, epoch=1, seed=seed, **kwargs)
+        # what building it in ``epoch`` sets; a resume then loads the epoch and position from the checkpoint
+        iterator.epoch = epoch
+        dataset.set_epoch(epoch)
+        return iterator
+
     def dictionary_file(self) -> str:
         return os.path.join(str(self.args.data).split(os.pathsep)[0], "dict.txt")
 

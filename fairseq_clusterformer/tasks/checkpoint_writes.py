@@ -1,0 +1,132 @@
+"""Checkpoint writes that a kill cannot leave half done, and the clean-up of what killed runs left behind.
+
+fairseq 0.12 saves a checkpoint to ``<file>.tmp`` and renames it (atomic), but then *copies* that file onto
+checkpoint_last.pt, checkpoint_best.pt, ... with ``PathManager.copy``, in place: a kill during the copy leaves a
+truncated checkpoint_last.pt. A kill during the save leaves ``<file>.tmp``, which nothing ever removes (gigabytes each
+at WikiText-103 size). During the plug-in's training runs both go through a temp file in the same directory named
+``<file>.tmp-<pid>-<ns>`` and ``os.replace``: a reader sees the old file or the new one, never a part, and the pid
+in the name tells the next run whether the writer is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+
+import torch
+from fairseq import checkpoint_utils
+from fairseq.file_io import PathManager
+
+logger = logging.getLogger(__name__)
+
+# checkpoint_last.pt.tmp-4242-123456789 (ours, with the writer's pid) and checkpoint_1_8.pt.tmp (fairseq's own)
+_TAGGED_TEMP = re.compile(r"^checkpoint.*\.pt\.tmp-(\d+)-\d+$")
+_FAIRSEQ_TEMP = re.compile(r"^checkpoint.*\.pt\.tmp$")
+# fairseq's temp file has no pid: it is debris once nothing has written to it for this long (a live save writes
+# continuously, so its mtime keeps moving)
+FAIRSEQ_TEMP_IDLE_S = 600.0
+
+
+def temp_name(path: str) -> str:
+    """A temp file beside ``path`` (same filesystem, so ``os.replace`` is atomic) that names its writer."""
+    return f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+
+
+def _write_then_replace(path: str, write) -> None:
+    tmp = temp_name(path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def atomic_copy(src: str, dst: str) -> None:
+    _write_then_replace(dst, lambda tmp: shutil.copyfile(src, tmp))
+
+
+def atomic_save(obj, path: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as handle:
+            torch.save(obj, handle)
+
+    _write_then_replace(path, write)
+
+
+def _is_local(*paths: str) -> bool:
+    return not any(PathManager.path_requires_pathmanager(path) for path in paths)
+
+
+def install_atomic_checkpoint_writes() -> bool:
+    """Route fairseq's checkpoint save and its copies through ``atomic_save`` / ``atomic_copy`` (local paths only;
+    remote ones and ``--write-checkpoints-asynchronously`` keep fairseq's own code). False when already done."""
+    if getattr(PathManager.copy, "atomic", False):
+        return False
+    fairseq_copy, fairseq_save = PathManager.copy, checkpoint_utils.torch_persistent_save
+
+    def copy(src_path: str, dst_path: str, overwrite: bool = False) -> bool:
+        if not _is_local(src_path, dst_path) or (os.path.exists(dst_path) and not overwrite):
+            return fairseq_copy(src_path, dst_path, overwrite)
+        atomic_copy(src_path, dst_path)
+        return True
+
+    def torch_persistent_save(obj, filename, async_write: bool = False):
+        if async_write or not _is_local(filename):
+            return fairseq_save(obj, filename, async_write)
+        atomic_save(obj, filename)
+
+    copy.atomic = torch_persistent_save.atomic = True
+    PathManager.copy = staticmethod(copy)
+    checkpoint_utils.torch_persistent_save = torch_persistent_save
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():  # a run that has not written yet: the file is from an earlier process with our pid
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def stale_temp_files(folder: str, now: float | None = None) -> list[tuple[str, str]]:
+    """(path, why) of the checkpoint temp files in ``folder`` that no live writer owns: ours whose pid is dead,
+    fairseq's untouched for ``FAIRSEQ_TEMP_IDLE_S``."""
+    now = time.time() if now is None else now
+    stale = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        tagged = _TAGGED_TEMP.match(name)
+        if tagged and not _pid_alive(int(tagged.group(1))):
+            stale.append((path, f"its writer, process {tagged.group(1)}, is gone"))
+        elif _FAIRSEQ_TEMP.match(name):
+            idle = now - os.path.getmtime(path)
+            if idle >= FAIRSEQ_TEMP_IDLE_S:
+                stale.append((path, f"not written to for {idle:.0f}s"))
+            else:
+                logger.warning(f"kept {path}: written to {idle:.0f}s ago, a save may still be under way")
+    return stale
+
+
+def remove_stale_temp_files(folder: str) -> list[str]:
+    """Remove the debris of killed saves and copies from the save dir (call once, at the start of a run, on the
+    rank that writes checkpoints); logs every file removed with its size and why."""
+    removed = []
+    for path, why in stale_temp_files(folder):
+        size = os.path.getsize(path)
+        try:
+            os.remove(path)
+        except FileNotFoundError:  # another process cleaned it first
+            continue
+        logger.warning(f"removed {path} ({size / 2**20:.1f} MiB), left by a killed checkpoint write: {why}")
+        removed.append(path)
+    return removed
