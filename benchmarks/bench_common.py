@@ -191,7 +191,7 @@ def prepare_char_data(work_dir: Path, held_out_bytes: int = 55_000) -> Path:
         [
             sys.executable,
             "-m",
-            "fairseq_clusterformer.scripts.prepare_enwik8",
+            "fairseq_clusterformer.scripts.lm.prepare_enwik8",
             "--input",
             str(CHAR_SOURCE),
             "--out-dir",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-run the paper's Table 3 (language modelling) at a chosen scale: every row through the real fairseq-train and
-# fairseq-eval-lm, into one markdown table. A thin wrapper of fairseq_clusterformer.scripts.compare_lm.
+# fairseq-eval-lm, into one markdown table. A thin wrapper of fairseq_clusterformer.scripts.lm.compare_lm.
 set -euo pipefail
 
 usage() {
@@ -20,7 +20,7 @@ between articles into valid and test halves); character level reads examples/dat
 bytes, split 90 % / 5 % / 5 % as enwik8 is. For the paper preset pass --word-data-bin / --char-data-bin made by
 examples/wikitext103/prepare.sh and examples/enwik8/prepare.sh. The presets' settings are those of
 examples/{wikitext103,enwik8}/train.sh --preset tiny|small|paper (both read
-fairseq_clusterformer/scripts/compare_presets.py).
+fairseq_clusterformer/scripts/lm/compare_presets.py).
 
 Environment: PYTHON (default: the repository's .venv/bin/python if present, else python).
 USAGE
@@ -45,4 +45,4 @@ for ((i = 0; i < ${#args[@]}; i++)); do
 done
 extra=()
 [ -n "$work" ] || extra=(--work "compare-work/$preset")
-exec "$python" -m fairseq_clusterformer.scripts.compare_lm "$@" "${extra[@]}"
+exec "$python" -m fairseq_clusterformer.scripts.lm.compare_lm "$@" "${extra[@]}"

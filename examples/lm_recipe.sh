@@ -1,7 +1,7 @@
 # What examples/{wikitext103,enwik8}/{train,eval}.sh have in common: sourced by them, never run. The caller sets
 # recipe (wikitext103|enwik8), level (word|char, the preset's level), default_data, about (a line on what it trains
 # or scores) and, for eval.sh, metric (perplexity|bpc), then calls train_main or eval_main with its arguments.
-# The settings of every preset come from fairseq_clusterformer/scripts/compare_presets.py, the file that
+# The settings of every preset come from fairseq_clusterformer/scripts/lm/compare_presets.py, the file that
 # examples/compare.sh runs too: the recipes and the comparison cannot drift apart.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,7 +25,7 @@ parse_recipe_args() {
   case "$preset" in paper|small|tiny) ;; *) die "--preset must be paper, small or tiny, got '$preset'" ;; esac
   # preset_<setting>=<value> for every setting of the preset at this recipe's level
   local values
-  values="$("${PYTHON:-python}" "$repo/fairseq_clusterformer/scripts/compare_presets.py" --preset "$preset" \
+  values="$("${PYTHON:-python}" "$repo/fairseq_clusterformer/scripts/lm/compare_presets.py" --preset "$preset" \
     --level "$level" --shell)" || die "could not read the $preset preset from compare_presets.py (set PYTHON?)"
   eval "$values"
 }
@@ -39,7 +39,7 @@ options_help() {
   --dry-run   print the command and exit
   -h, --help  this text
 
-The presets' values are those of examples/compare.sh (fairseq_clusterformer/scripts/compare_presets.py, read
+The presets' values are those of examples/compare.sh (fairseq_clusterformer/scripts/lm/compare_presets.py, read
 with \$PYTHON, default python); --dry-run prints the command they make.
 
 USAGE

@@ -11,8 +11,8 @@ import pytest
 from fairseq import options
 
 from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES
-from fairseq_clusterformer.scripts import compare_data, compare_lm
-from fairseq_clusterformer.scripts.compare_presets import PRESETS, ROWS, train_args
+from fairseq_clusterformer.scripts.lm import compare_data, compare_lm
+from fairseq_clusterformer.scripts.lm.compare_presets import PRESETS, ROWS, train_args
 from tests.conftest import PACKAGE, REPO, SLICE
 
 CHARS = REPO / "examples" / "data" / "tinyshakespeare-slice"
@@ -61,7 +61,7 @@ def test_evaluation_text_is_cut_between_articles():
 
 def run_compare(work, *args):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.compare_lm", "--preset", "tiny", "--work", work]
+    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.lm.compare_lm", "--preset", "tiny", "--work", work]
     proc = subprocess.run(
         [*command, "--threads", "1", *map(str, args)],
         env=env,

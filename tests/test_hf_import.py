@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from fairseq_clusterformer.modules.hf_import import HFImportError
-from fairseq_clusterformer.scripts.import_hf import import_hf
+from fairseq_clusterformer.scripts.qa.import_hf import import_hf
 from tests.conftest import PACKAGE, run_cli, run_ok
 from tests.hf_sources import SENTENCES, bert_vocab, load_reference, make_bert, make_roberta
 

@@ -22,8 +22,8 @@ from fairseq_clusterformer.ops.recurrence import (
     previous_occurrence,
     random_hit_chance,
 )
-from fairseq_clusterformer.scripts import longrange_eval, recall_task
-from fairseq_clusterformer.scripts.longrange_tally import ROLES, Tally
+from fairseq_clusterformer.scripts.longrange import longrange_eval, recall_task
+from fairseq_clusterformer.scripts.longrange.longrange_tally import ROLES, Tally
 from tests.conftest import BIN, PACKAGE, REPO, TINY_LM_TRAIN, run_cli, run_ok
 
 streams = st.lists(st.integers(0, 5), min_size=1, max_size=60)

@@ -14,7 +14,7 @@ from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
 from fairseq_clusterformer.modules.layer_settings import LongRangePlan
 from fairseq_clusterformer.ops.attention import masked_attention, next_value_attention
 from fairseq_clusterformer.ops.cluster_stats import next_value_reads
-from fairseq_clusterformer.scripts.longrange_tally import LayerCapture
+from fairseq_clusterformer.scripts.longrange.longrange_tally import LayerCapture
 from tests.reference import (
     cluster_ids_reference,
     lsh_ids_reference,

@@ -10,8 +10,8 @@ import sys
 import pytest
 from fairseq import options
 
-from fairseq_clusterformer.scripts import compare_presets
-from fairseq_clusterformer.scripts.compare_presets import PRESETS, recipe_row, train_args
+from fairseq_clusterformer.scripts.lm import compare_presets
+from fairseq_clusterformer.scripts.lm.compare_presets import PRESETS, recipe_row, train_args
 from tests.conftest import PACKAGE, REPO
 from tests.test_recipes import parse_dry_run, script, script_ok
 
@@ -106,7 +106,7 @@ def test_overrides_and_the_small_alias():
 
 def run_presets(*args):
     proc = subprocess.run(
-        [sys.executable, str(PACKAGE / "scripts" / "compare_presets.py"), *args],
+        [sys.executable, str(PACKAGE / "scripts" / "lm" / "compare_presets.py"), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
     )  # fmt: skip
     return proc.returncode, proc.stdout

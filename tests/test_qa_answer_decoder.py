@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fairseq_clusterformer.criterions.clusterformer_qa import ClusterFormerQACriterion
 from fairseq_clusterformer.data.qa_predictions import answer_type_name
 from fairseq_clusterformer.ops.spans import decode_answers
-from fairseq_clusterformer.scripts.qa_predict import predict
+from fairseq_clusterformer.scripts.qa.qa_predict import predict
 from tests.conftest import PACKAGE
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import batch, build

@@ -22,7 +22,7 @@ from fairseq_clusterformer.data.qa_records import QARecord, SkipLog
 from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_to_tokens
 from fairseq_clusterformer.data.qa_tokenizers import GPT2BPETokenizer, SentencePieceTokenizer, add_paragraph_token
 from fairseq_clusterformer.ops.qa_metrics import nq_label_from_json, nq_scores, squad_scores
-from fairseq_clusterformer.scripts import qa_binarize, qa_convert
+from fairseq_clusterformer.scripts.qa import qa_binarize, qa_convert
 from tests.conftest import run_ok
 from tests.test_qa_convert import DATA, nq_example
 

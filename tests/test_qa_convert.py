@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_clusterformer.data.qa_records import SkipLog, read_records
-from fairseq_clusterformer.scripts import qa_convert
+from fairseq_clusterformer.scripts.qa import qa_convert
 from tests.conftest import REPO, run_cli, run_ok
 
 DATA = REPO / "examples" / "data"

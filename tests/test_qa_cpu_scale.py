@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fairseq_clusterformer.data.qa_records import QARecord
-from fairseq_clusterformer.scripts import qa_baselines, qa_mlm_text
+from fairseq_clusterformer.scripts.qa import qa_baselines, qa_mlm_text
 from tests.conftest import REPO
 from tests.test_qa_convert import SQUAD, convert
 

@@ -17,7 +17,7 @@ from fairseq_clusterformer.modules.qa_encoder import QAEncoderOut
 from fairseq_clusterformer.modules.qa_heads import ADDED_CLASS_BIAS, QAHeads
 from fairseq_clusterformer.ops import qa_metrics as m
 from fairseq_clusterformer.ops.spans import AnswerPrediction, decode_answers
-from fairseq_clusterformer.scripts import qa_convert
+from fairseq_clusterformer.scripts.qa import qa_convert
 from tests.test_qa_binarize import GPT2_FLAGS, binarize_ok, run_inprocess
 from tests.test_qa_convert import nq_example
 from tests.test_qa_model import batch, build, nq_data  # noqa: F401 (nq_data is a fixture)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from fairseq import options
 
-from fairseq_clusterformer.scripts.prepare_enwik8 import STANDARD_HELD_OUT, bytes_to_text, read_bytes, split_bytes
+from fairseq_clusterformer.scripts.lm.prepare_enwik8 import STANDARD_HELD_OUT, bytes_to_text, read_bytes, split_bytes
 from tests.conftest import BIN, REPO, SLICE
 
 EXAMPLES = REPO / "examples"

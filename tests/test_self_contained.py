@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.scripts import compare_data, compare_lm
+from fairseq_clusterformer.scripts.lm import compare_data, compare_lm
 from tests.conftest import REPO
 
 DATA = REPO / "examples" / "data"

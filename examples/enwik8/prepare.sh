@@ -58,7 +58,7 @@ fi
 
 mkdir -p "$dest"
 text="$dest/text"
-"$python" -m fairseq_clusterformer.scripts.prepare_enwik8 --input "$source" --out-dir "$text" \
+"$python" -m fairseq_clusterformer.scripts.lm.prepare_enwik8 --input "$source" --out-dir "$text" \
   --valid-bytes "$valid_bytes" --test-bytes "$test_bytes" 2> >(grep -v "tensorboardX" >&2)
 echo "binarising $text into $dest"
 fairseq-preprocess --only-source --trainpref "$text/train.txt" --validpref "$text/valid.txt" \

@@ -1,1 +1,1 @@
-"""Console scripts: data preparation and inspection tools (entry points in setup.py)."""
+"""Console scripts, one sub-package per job (qa, lm, longrange); entry points in setup.py."""

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fairseq_clusterformer.scripts.prepare_enwik8 import split_bytes, write_splits
+from fairseq_clusterformer.scripts.lm.prepare_enwik8 import split_bytes, write_splits
 
-PACKAGE = Path(__file__).resolve().parent.parent
+PACKAGE = Path(__file__).resolve().parents[2]
 # the committed data of a clone; a package installed without the repository has no examples/ (see missing_file)
 EXAMPLE_DATA = PACKAGE.parent / "examples" / "data"
 DEFAULT_DATA = {

@@ -1,7 +1,7 @@
 """Re-run the paper's Table 3 (language modelling) at a chosen scale: every row through the real fairseq-train and
 fairseq-eval-lm, with equal parameters and updates, into one markdown table.
 
-    python -m fairseq_clusterformer.scripts.compare_lm --preset small --work compare-work/small
+    python -m fairseq_clusterformer.scripts.lm.compare_lm --preset small --work compare-work/small
 
 Rows: sliding window (``--long-range-layer none``), sparse attention, LSH (64 buckets, as the paper sets it) and
 Cluster-Former with 64 / 256 / 512 clusters, the long-range rows in strict and in paper causality. Levels: ``word``
@@ -26,9 +26,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from fairseq_clusterformer.scripts import compare_presets as presets
-from fairseq_clusterformer.scripts.compare_data import DEFAULT_DATA, PACKAGE, prepare_char, prepare_word, tool
-from fairseq_clusterformer.scripts.compare_presets import LEVELS, PRESETS, ROWS, Row, Scale
+from fairseq_clusterformer.scripts.lm import compare_presets as presets
+from fairseq_clusterformer.scripts.lm.compare_data import DEFAULT_DATA, PACKAGE, prepare_char, prepare_word, tool
+from fairseq_clusterformer.scripts.lm.compare_presets import LEVELS, PRESETS, ROWS, Row, Scale
 
 
 @dataclass

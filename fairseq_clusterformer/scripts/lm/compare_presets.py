@@ -6,7 +6,7 @@ two cannot drift apart. Every row of one level runs the same scale: the same lay
 updates; only the long-range layers' kind, cluster count and causality differ. The long-range layers carry no extra
 parameters (centroids and LSH rotations are buffers), so every row has the same parameter count.
 
-    python fairseq_clusterformer/scripts/compare_presets.py --preset small --level word --print-flags
+    python fairseq_clusterformer/scripts/lm/compare_presets.py --preset small --level word --print-flags
 """
 
 from __future__ import annotations

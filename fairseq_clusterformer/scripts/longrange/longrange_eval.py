@@ -37,7 +37,7 @@ import fairseq_clusterformer  # noqa: F401  registers the clusterformer models a
 from fairseq_clusterformer.models.checkpoint_kind import load_checkpoint
 from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
 from fairseq_clusterformer.scripts.cli_logging import log_like_fairseq
-from fairseq_clusterformer.scripts.longrange_tally import ROLES, LayerCapture, Tally, print_tables
+from fairseq_clusterformer.scripts.longrange.longrange_tally import ROLES, LayerCapture, Tally, print_tables
 
 logger = logging.getLogger("fairseq_clusterformer.longrange")
 

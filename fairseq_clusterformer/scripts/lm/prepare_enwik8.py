@@ -5,8 +5,8 @@ next 5M valid, the last 5M test, one token per byte. Each byte is written as its
 the newline byte ends the line instead, and fairseq-preprocess turns every line end into one end-of-sentence token,
 so every byte is still exactly one token and fairseq-eval-lm's "Loss (base 2)" is bits per character.
 
-    python -m fairseq_clusterformer.scripts.prepare_enwik8 --input enwik8.zip --out-dir enwik8-text
-    python -m fairseq_clusterformer.scripts.prepare_enwik8 --input input.txt --out-dir chars \
+    python -m fairseq_clusterformer.scripts.lm.prepare_enwik8 --input enwik8.zip --out-dir enwik8-text
+    python -m fairseq_clusterformer.scripts.lm.prepare_enwik8 --input input.txt --out-dir chars \
         --valid-bytes 55000 --test-bytes 55000
 """
 

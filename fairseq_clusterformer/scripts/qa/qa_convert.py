@@ -50,7 +50,7 @@ def get_parser() -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     if not os.path.exists(args.input):
         raise FileNotFoundError(f"input: no such file or directory {args.input}")
-    module = importlib.import_module(f"fairseq_clusterformer.scripts.qa_formats.{args.format}")
+    module = importlib.import_module(f"fairseq_clusterformer.scripts.qa.qa_formats.{args.format}")
     log = SkipLog()
     written = 0
     with atomic_open(args.output) as out:
