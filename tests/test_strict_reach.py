@@ -50,6 +50,7 @@ def test_cluster_strict_layer_equals_loop_over_tokens(
     length, size, stride_fraction, clusters, groups, skew, heads, seed
 ):
     stride = max(1, min(size - 1, int(size * stride_fraction)))
+    groups = min(groups, clusters)  # more groups than clusters is refused (--cluster-groups), and would be empty
     layer = make_cluster_layer(size, stride, clusters, groups, skewed_shares(clusters, skew, seed), heads, seed)
     x = torch.randn(2, length, C, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     out = layer(x)
