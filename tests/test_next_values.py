@@ -12,7 +12,12 @@ import torch
 from fairseq_clusterformer.modules.baseline_layers import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
 from fairseq_clusterformer.modules.layer_settings import LongRangePlan
-from fairseq_clusterformer.ops.attention import masked_attention, next_value_attention
+from fairseq_clusterformer.ops import attention
+from fairseq_clusterformer.ops.attention import (
+    masked_attention,
+    next_value_attention,
+    reference_next_value_attention,
+)
 from fairseq_clusterformer.ops.cluster_stats import next_value_reads
 from fairseq_clusterformer.scripts.longrange.longrange_tally import LayerCapture
 from tests.reference import (
@@ -50,6 +55,112 @@ def test_next_value_attention_matches_a_loop_over_queries():
     torch.testing.assert_close(
         next_value_attention(q, k, same, mine, allowed, heads, slot), masked_attention(q, k, same, allowed, heads)
     )
+
+
+def random_case(n, lq, lk, width, slot, dtype=torch.float32, seed=0, density=0.5):
+    """q, k, next_v, own_v (leaf tensors) and a random mask that allows every query's own key (slot + i)."""
+    gen = torch.Generator().manual_seed(seed)
+    q, own = (torch.randn(n, lq, width, generator=gen, dtype=dtype).requires_grad_() for _ in range(2))
+    k, nxt = (torch.randn(n, lk, width, generator=gen, dtype=dtype).requires_grad_() for _ in range(2))
+    allowed = torch.rand(n, lq, lk, generator=gen) < density
+    allowed[:, torch.arange(lq), slot + torch.arange(lq)] = True
+    return q, k, nxt, own, allowed
+
+
+def outputs_and_grads(fn, q, k, nxt, own, allowed, heads, slot, grad):
+    out = fn(q, k, nxt, own, allowed, heads, slot)
+    return (out, *torch.autograd.grad(out, (q, k, nxt, own), grad))
+
+
+@pytest.mark.parametrize(
+    "n, lq, lk, heads, slot, density",
+    [(3, 5, 12, 2, 7, 0.5), (2, 16, 47, 4, 31, 0.3), (4, 8, 8, 1, 0, 0.9), (2, 32, 63, 8, 31, 0.05)],
+)
+def test_the_fused_op_equals_the_written_out_reference_in_float32(n, lq, lk, heads, slot, density):
+    q, k, nxt, own, allowed = random_case(n, lq, lk, 64, slot, density=density)
+    grad = torch.randn(n, lq, 64, generator=torch.Generator().manual_seed(1))
+    fused = outputs_and_grads(next_value_attention, q, k, nxt, own, allowed, heads, slot, grad)
+    written = outputs_and_grads(reference_next_value_attention, q, k, nxt, own, allowed, heads, slot, grad)
+    for name, a, b in zip(("out", "q", "k", "next_v", "own_v"), fused, written):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_without_the_scale_argument_the_scaled_queries_give_the_same_result(monkeypatch):
+    """The torch < 2.1 path (no ``scale=``) folds the scale into q."""
+    q, k, nxt, own, allowed = random_case(3, 6, 14, 24, 8, dtype=torch.float64)
+    expected = reference_next_value_attention(q, k, nxt, own, allowed, 3, 8)
+    monkeypatch.setattr(attention, "_SDPA_HAS_SCALE", False)
+    torch.testing.assert_close(next_value_attention(q, k, nxt, own, allowed, 3, 8), expected, rtol=0, atol=1e-12)
+
+
+def test_the_own_keys_next_value_gets_no_weight_and_no_gradient():
+    n, lq, lk, slot = 2, 6, 13, 7
+    q, k, nxt, own, allowed = random_case(n, lq, lk, 16, slot)
+    own_slots = slot + torch.arange(lq)
+    allowed[:, :, own_slots] = False  # no other query sees these keys ...
+    allowed[:, torch.arange(lq), own_slots] = True  # ... only their own query
+    out = next_value_attention(q, k, nxt, own, allowed, 2, slot)
+    out.backward(torch.randn_like(out))
+    assert nxt.grad[:, own_slots].eq(0).all()
+    assert nxt.grad[:, :slot].abs().sum() > 0 and k.grad[:, own_slots].abs().sum() > 0
+    changed = nxt.detach().clone()
+    changed[:, own_slots] += 1e3
+    assert torch.equal(next_value_attention(q, k, changed, own, allowed, 2, slot), out)
+
+
+def test_a_query_that_sees_only_its_own_key_gets_its_own_value():
+    n, lq, lk, slot = 2, 5, 9, 4
+    q, k, nxt, own, _ = random_case(n, lq, lk, 16, slot)
+    allowed = torch.zeros(n, lq, lk, dtype=torch.bool)
+    allowed[:, torch.arange(lq), slot + torch.arange(lq)] = True
+    out = next_value_attention(q, k, nxt, own, allowed, 4, slot)
+    torch.testing.assert_close(out, own.detach(), rtol=0, atol=1e-6)
+    out.sum().backward()
+    assert all(t.grad.isfinite().all() for t in (q, k, nxt, own))
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float16, 1e-2), (torch.bfloat16, 5e-2)])
+def test_half_precision_runs_and_stays_close_to_float32(dtype, atol):
+    q, k, nxt, own, allowed = random_case(3, 16, 40, 64, 20)
+    half = [t.detach().to(dtype).requires_grad_() for t in (q, k, nxt, own)]
+    out = next_value_attention(*half, allowed, 4, 20)
+    assert out.dtype == dtype
+    expected = reference_next_value_attention(q, k, nxt, own, allowed, 4, 20)
+    torch.testing.assert_close(out.float(), expected, rtol=0, atol=atol)
+    out.float().pow(2).sum().backward()
+    assert all(t.grad.isfinite().all() for t in half)
+    # q . k sums of ~80,000 overflow fp16 (max 65,504) before the 1/sqrt(d) scale: summed in float32, still finite
+    big = [(t * 100).to(torch.float16) for t in (q.detach(), k.detach())]
+    assert next_value_attention(*big, nxt.detach().half(), own.detach().half(), allowed, 1, 20).isfinite().all()
+
+
+def test_dropout_drops_the_own_weight_like_the_others():
+    n, lq, lk, slot, p = 1, 4, 9, 5, 0.3
+    q, k, nxt, own, allowed = random_case(n, lq, lk, 8, slot)
+    alone = torch.zeros_like(allowed)
+    alone[:, torch.arange(lq), slot + torch.arange(lq)] = True
+    copies = 4000  # the same window many times: every copy draws its own dropout
+    args = [t.detach().expand(copies, -1, -1) for t in (q, k, nxt, own)]
+    torch.manual_seed(0)
+    out = next_value_attention(*args, alone.expand(copies, -1, -1), 2, slot, p)  # copies x Lq x 8
+    # a query alone with its own key keeps its own value scaled by 1/(1-p) or loses it
+    kept = out.isclose(own.detach() / (1 - p))
+    assert (kept | out.eq(0)).all() and 0.6 < kept.float().mean() < 0.8
+    # with other keys: the same mean and spread as the written-out reference's dropout
+    draws = []
+    for fn in (next_value_attention, reference_next_value_attention):
+        torch.manual_seed(1)
+        draws.append(fn(*args, allowed.expand(copies, -1, -1), 2, slot, p))
+    for stat in (torch.mean, torch.std):
+        torch.testing.assert_close(stat(draws[0], 0), stat(draws[1], 0), rtol=0, atol=0.05)
+    plain = next_value_attention(q, k, nxt, own, allowed, 2, slot)[0].detach()
+    torch.testing.assert_close(draws[0].mean(0), plain, rtol=0, atol=0.05)
+
+
+def test_own_slots_outside_the_keys_are_refused():
+    q, k, nxt, own, allowed = random_case(1, 4, 6, 8, 2)
+    with pytest.raises(ValueError, match="own key slots 3..6 lie outside the 6 keys"):
+        next_value_attention(q, k, nxt, own, allowed, 2, 3)
 
 
 def strict_layers():
