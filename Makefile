@@ -24,7 +24,7 @@ PYTHON310 ?= $(shell for py in python3.10 "$$(pyenv prefix 3.10 2>/dev/null)/bin
 	"$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.10*/bin/python3.10 /usr/bin/python3.10; do \
 	"$$py" -c 'import sys; assert sys.version_info[:2] == (3, 10)' >/dev/null 2>&1 && { echo "$$py"; break; }; done)
 
-.PHONY: help venv demo lint test test-fairseq-0.12.2 clean
+.PHONY: help venv demo lint test test-fairseq-0.12.2 gpu-check clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -40,10 +40,20 @@ $(VENV)/.installed: setup.py Makefile
 	$(VENV)/bin/pip install "numpy<2" torch==$(TORCH) setuptools wheel cython
 	$(VENV)/bin/pip install --no-build-isolation "$(FAIRSEQ)"
 	$(VENV)/bin/pip install -e ".[dev]"
+	# fairseq asks for any torchaudio and pip takes the newest, built for another torch: it cannot load its library,
+	# and transformers (a dev extra) imports torchaudio whenever it is installed. Nothing here uses audio.
+	$(VENV)/bin/pip uninstall -y torchaudio
 	touch $@
 
 demo: venv ## train a tiny Cluster-Former LM on the committed WikiText-2 slice and print its perplexity
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
+
+# On a CUDA machine: writes benchmarks/results/gpu/ (about 40 minutes on one H100). On a CPU every part runs at tiny
+# sizes into a temporary directory, or GPU_CHECK_OUT; benchmarks/gpu_check/README.md says what it measures.
+GPU_CHECK_OUT ?=
+GPU_CHECK_ARGS ?=
+gpu-check: venv ## GPU validation + figures -> benchmarks/results/gpu/ (tiny on a CPU; GPU_CHECK_OUT=dir)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python benchmarks/gpu_check $(if $(GPU_CHECK_OUT),--out "$(GPU_CHECK_OUT)") $(GPU_CHECK_ARGS)
 
 lint: venv ## ruff check
 	$(VENV)/bin/ruff check .

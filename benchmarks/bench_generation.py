@@ -63,18 +63,21 @@ def build(model: str, args):
     return task, task.build_model(cfg.model).eval()
 
 
-def generate(task, model, length: int, prompt: int) -> float:
-    """Wall seconds of one greedy generation to ``length`` tokens (the leading end-of-sentence included)."""
+def generate(task, model, length: int, prompt: int, device: str = "cpu") -> float:
+    """Wall seconds of one greedy generation to ``length`` tokens (the leading end-of-sentence included), with the
+    prompt on ``device`` (the model's; benchmarks/gpu_check passes cuda)."""
     from fairseq.sequence_generator import SequenceGenerator
 
     steps = length - 1  # the generator's first input is the end-of-sentence token it starts from
     generator = SequenceGenerator([model], task.target_dictionary, beam_size=1, max_len_b=steps, min_len=steps)
     tokens = torch.randint(4, len(task.target_dictionary), (1, prompt))
     tokens[0, 0] = task.target_dictionary.eos()
-    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.tensor([prompt])}}
+    sample = {"net_input": {"src_tokens": tokens.to(device), "src_lengths": torch.tensor([prompt], device=device)}}
     start = time.perf_counter()
     with torch.no_grad():
         hypos = task.inference_step(generator, [model], sample)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()  # the clock stops when the GPU has finished, not when the last kernel was queued
     elapsed = time.perf_counter() - start
     assert hypos[0][0]["tokens"].numel() == steps + 1, "the generator stopped early"  # + the final end-of-sentence
     return elapsed

@@ -52,7 +52,7 @@ def time_refresh(states: torch.Tensor, clusters: int, iters: int, backend: str, 
     if use_gpu:
         torch.cuda.synchronize()
     start, start_cpu = time.perf_counter(), time.process_time()
-    centroids = order_centroids(spherical_kmeans(states, clusters, iters, seed, backend, use_gpu=use_gpu))
+    centroids = order_centroids(spherical_kmeans(states, clusters, iters, seed, backend))
     if use_gpu:
         torch.cuda.synchronize()
     assert centroids.shape == (clusters, states.size(1))

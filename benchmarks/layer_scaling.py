@@ -115,6 +115,7 @@ def build(kind: str, args) -> torch.nn.Module:
         causality=causality or "strict",
         window_merge=merge,
         band_groups=args.groups,
+        values=getattr(args, "long_range_values", "own"),  # benchmarks/gpu_check times --long-range-values next
     )
     return build_layer(1, settings, plan)
 

@@ -72,7 +72,8 @@ Every setting is an environment variable (default: the preset's):
   LONG_RANGE=cluster|lsh|sparse|none  CLUSTERS  CAUSALITY=strict|paper  ARCH  LAYERS  HEADS  EMBED_DIM  FFN_DIM
   LONG_RANGE_LAYERS  TOKENS  WINDOW  STRIDE  BATCH (segments per update, all GPUs and UPDATE_FREQ together)
   UPDATE_FREQ=1  GPUS (all visible)  OPTIMIZER  LR  CLIP  WARMUP  UPDATES  DROPOUT  CRITERION  MEMORY_SIZE
-  CLUSTER_UPDATE_INTERVAL  KMEANS_ITERS  KMEANS_BACKEND=auto  FP16=0|1  BF16=0|1  SEED=1  NUM_WORKERS=2
+  CLUSTER_UPDATE_INTERVAL  KMEANS_ITERS  KMEANS_BACKEND=auto  SEED=1  NUM_WORKERS=2
+  PRECISION=fp32|fp16|memory-efficient-fp16|amp (GPU half precision; FP16=1 is fp16; bf16: see below)
   LOG_INTERVAL  SAVE_DIR (checkpoints/$recipe-<long range>-<clusters>c-<causality>[-<preset>])
   EXTRA_ARGS (appended to the fairseq-train command, word-split)
 USAGE
@@ -118,8 +119,16 @@ USAGE
   [ -z "$ffn" ] || args+=(--decoder-ffn-embed-dim "$ffn")
   [ "$optimizer" != adam ] || args+=(--adam-betas "(0.9, 0.98)")
   [ "$gpus" -le 1 ] || args+=(--distributed-world-size "$gpus")
-  [ "${FP16:-0}" = 0 ] || args+=(--fp16)
-  [ "${BF16:-0}" = 0 ] || args+=(--bf16)
+  # fairseq 0.12's command line turns --bf16 into TPU mode (it then needs torch_xla, on GPUs too): refuse it here
+  # rather than let fairseq-train fail with "'NoneType' object has no attribute 'xla_device'"
+  [ "${BF16:-0}" = 0 ] || die "BF16=1: fairseq 0.12 ties --bf16 to TPUs (it needs torch_xla, also on GPUs); use PRECISION=fp16, memory-efficient-fp16 or amp (docs/training_at_scale.md)"
+  local precision="${PRECISION:-fp32}"
+  [ "${FP16:-0}" = 0 ] || precision=fp16
+  case "$precision" in
+    fp32) ;;
+    fp16|memory-efficient-fp16|amp) args+=("--$precision") ;;
+    *) die "PRECISION must be fp32, fp16, memory-efficient-fp16 or amp, got '$precision'" ;;
+  esac
   # shellcheck disable=SC2206  # EXTRA_ARGS is meant to be word-split
   [ -z "${EXTRA_ARGS:-}" ] || args+=(${EXTRA_ARGS})
 

@@ -58,3 +58,26 @@ def lm_data(tmp_path_factory):
         "1",
     )
     return dest
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="device for the tests that take the `device` fixture (cpu or cuda; `make gpu-check` passes cuda)",
+    )
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    """The torch device of the device-independent tests (session scope: hypothesis tests take it too)."""
+    import torch
+
+    name = request.config.getoption("--device")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as err:
+        raise pytest.UsageError(f"--device {name!r}: {err}") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device")
+    return dev

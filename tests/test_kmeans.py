@@ -71,12 +71,13 @@ def recovered_purity(states, labels, centroids):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_kmeans_recovers_planted_clusters(backend):
+def test_kmeans_recovers_planted_clusters(backend, device):
     states, labels = planted()
+    on = device if backend == "torch" else torch.device("cpu")  # faiss reads CPU arrays; --device moves torch's
     # One member of each planted cluster as the start: from a random start Lloyd iterations often settle in a local
     # optimum (two centroids in one cluster), see spherical_kmeans's docstring.
     init = states[torch.arange(8) * 400 + 7]
-    centroids = spherical_kmeans(states, 8, backend=backend, init=init)
+    centroids = spherical_kmeans(states.to(on), 8, backend=backend, init=init.to(on)).cpu()
     assert centroids.shape == (8, 32) and centroids.dtype == torch.float32
     torch.testing.assert_close(centroids.norm(dim=-1), torch.ones(8))
     assert recovered_purity(states, labels, centroids) >= 0.99
@@ -101,8 +102,8 @@ def test_kmeans_ignores_state_norms(backend):
     )
 
 
-def test_torch_backend_is_deterministic_for_a_seed():
-    states = torch.randn(2000, 16, generator=torch.Generator().manual_seed(0))
+def test_torch_backend_is_deterministic_for_a_seed(device):
+    states = torch.randn(2000, 16, generator=torch.Generator().manual_seed(0)).to(device)
     first = spherical_kmeans(states, 10, seed=7, backend="torch")
     assert torch.equal(first, spherical_kmeans(states, 10, seed=7, backend="torch"))
     assert not torch.equal(first, spherical_kmeans(states, 10, seed=8, backend="torch"))
@@ -122,11 +123,11 @@ def test_torch_backend_does_not_depend_on_chunk_size(monkeypatch):
     torch.testing.assert_close(spherical_kmeans(states, 12, backend="torch"), whole, atol=1e-6, rtol=0)
 
 
-def test_empty_cluster_keeps_its_centroid():
+def test_empty_cluster_keeps_its_centroid(device):
     # 3 distinct directions for 5 clusters: duplicate starting points leave clusters empty after the first assignment.
     directions = F.normalize(torch.randn(3, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
-    states = directions.repeat(20, 1)
-    centroids = spherical_kmeans(states, 5, backend="torch")
+    states = directions.repeat(20, 1).to(device)
+    centroids = spherical_kmeans(states, 5, backend="torch").cpu()
     torch.testing.assert_close(centroids.norm(dim=-1), torch.ones(5))
     assert ((centroids @ directions.t()).max(dim=1).values > 1 - 1e-5).all()
 
@@ -182,14 +183,14 @@ def plain_lloyd(states, num_clusters, iters, seed):
 
 
 @pytest.mark.parametrize("noise", [0.05, 0.6])
-def test_torch_backend_skipping_settled_points_equals_plain_lloyd(noise, monkeypatch):
+def test_torch_backend_skipping_settled_points_equals_plain_lloyd(noise, monkeypatch, device):
     states, _ = planted(num_clusters=12, per_cluster=150, noise=noise, seed=3)
     visited = []
     assign = kmeans._assign
     monkeypatch.setattr(
         kmeans, "_assign", lambda unit, c, stale, *a: visited.append(stale.numel()) or assign(unit, c, stale, *a)
     )
-    fast = spherical_kmeans(states, 12, iters=15, seed=2, backend="torch")
+    fast = spherical_kmeans(states.to(device), 12, iters=15, seed=2, backend="torch").cpu()
     torch.testing.assert_close(fast, plain_lloyd(states, 12, 15, seed=2), atol=1e-5, rtol=0)
     if noise < 0.1 and len(visited) > 2:
         assert visited[-1] < visited[0] / 2, f"points recomputed per iteration: {visited}"

@@ -24,6 +24,13 @@ def make(layer_cls, *args, **kw):
     return layer_cls(*args, **kw).double().eval()
 
 
+def run_on(device, layer, x):
+    """The layer's output for x computed on ``device`` (``--device``), back on the CPU where the loop references run."""
+    out = layer.to(device)(x.to(device)).cpu()
+    layer.cpu()
+    return out
+
+
 def random_centroids(layer, clusters, seed=1):
     gen = torch.Generator().manual_seed(seed)
     layer.set_centroids(torch.nn.functional.normalize(torch.randn(clusters, C, generator=gen), dim=-1))
@@ -31,21 +38,21 @@ def random_centroids(layer, clusters, seed=1):
 
 @pytest.mark.parametrize("length", [1, 5, 6, 17, 24])
 @pytest.mark.parametrize("normalize_before", [True, False])
-def test_sliding_window_layer_matches_loop_over_windows(length, normalize_before):
+def test_sliding_window_layer_matches_loop_over_windows(length, normalize_before, device):
     layer = make(SlidingWindowLayer, settings(normalize_before=normalize_before))
     x = torch.randn(2, length, C, dtype=torch.float64)
-    out = layer(x)
+    out = run_on(device, layer, x)
     for b in range(2):
         assert torch.allclose(out[b], sliding_reference(layer, x[b]), atol=1e-10)
 
 
 @pytest.mark.parametrize("causality", ["paper", "strict"])
 @pytest.mark.parametrize("length", [4, 19, 30])
-def test_cluster_layer_matches_reference(causality, length):
+def test_cluster_layer_matches_reference(causality, length, device):
     layer = make(ClusterFormerLayer, settings(), 4, causality)
     random_centroids(layer, 4)
     x = torch.randn(3, length, C, dtype=torch.float64)
-    out = layer(x)
+    out = run_on(device, layer, x)
     reference = cluster_paper_reference if causality == "paper" else cluster_strict_reference
     for b in range(3):
         assert torch.allclose(out[b], reference(layer, x[b]), atol=1e-10)
@@ -75,11 +82,11 @@ def _future_changes_past(layer, x, t):
     return not torch.allclose(layer(x)[:, : t + 1], layer(changed)[:, : t + 1], atol=1e-12)
 
 
-def test_strict_mode_is_strictly_causal():
-    layer = make(ClusterFormerLayer, settings(), 4, "strict")
+def test_strict_mode_is_strictly_causal(device):
+    layer = make(ClusterFormerLayer, settings(), 4, "strict").to(device)
     for seed in range(20):
         random_centroids(layer, 4, seed)
-        x = torch.randn(2, 25, C, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        x = torch.randn(2, 25, C, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).to(device)
         for t in (0, 3, 11, 23):
             assert not _future_changes_past(layer, x, t), f"seed {seed}: future leaked into position <= {t}"
 
@@ -94,9 +101,9 @@ def test_paper_mode_can_leak_the_future_which_strict_mode_exists_to_stop():
     assert leaks > 0
 
 
-def test_sliding_window_layer_is_causal():
-    layer = make(SlidingWindowLayer, settings())
-    x = torch.randn(2, 25, C, dtype=torch.float64)
+def test_sliding_window_layer_is_causal(device):
+    layer = make(SlidingWindowLayer, settings()).to(device)
+    x = torch.randn(2, 25, C, dtype=torch.float64, device=device)
     assert not any(_future_changes_past(layer, x, t) for t in (0, 7, 20))
 
 

@@ -38,22 +38,22 @@ def inputs(seed: int, batch: int, length: int) -> torch.Tensor:
 
 @EXAMPLES
 @given(layer=layers(), batch=st.integers(1, 3), length=st.integers(1, 30), seed=st.integers(0, 1000), data=st.data())
-def test_output_has_the_input_shape_and_no_nan_even_with_padding(layer, batch, length, seed, data):
-    x = inputs(seed, batch, length)
+def test_output_has_the_input_shape_and_no_nan_even_with_padding(layer, batch, length, seed, data, device):
+    x = inputs(seed, batch, length).to(device)
     real = data.draw(st.lists(st.integers(1, length), min_size=batch, max_size=batch))
     pads = torch.arange(length).unsqueeze(0) >= torch.tensor(real).unsqueeze(1)  # B x T, right padding
-    out = layer(x, pads)
+    out = layer.to(device)(x, pads.to(device))
     assert out.shape == x.shape
     assert torch.isfinite(out).all()
 
 
 @EXAMPLES
 @given(layer=layers(st.just("strict")), length=st.integers(2, 30), seed=st.integers(0, 1000), data=st.data())
-def test_strict_layers_are_causal(layer, length, seed, data):
+def test_strict_layers_are_causal(layer, length, seed, data, device):
     cut = data.draw(st.integers(0, length - 2))
-    x = inputs(seed, 2, length)
+    layer, x = layer.to(device), inputs(seed, 2, length).to(device)
     changed = x.clone()
-    changed[:, cut + 1 :] = inputs(seed + 1, 2, length - cut - 1) * 3
+    changed[:, cut + 1 :] = inputs(seed + 1, 2, length - cut - 1).to(device) * 3
     torch.testing.assert_close(layer(changed)[:, : cut + 1], layer(x)[:, : cut + 1], atol=1e-9, rtol=0)
 
 

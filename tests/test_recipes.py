@@ -107,6 +107,22 @@ def test_train_settings_follow_the_environment():
     assert small.long_range_layer == "sparse"
 
 
+@pytest.mark.parametrize("precision", ["memory-efficient-fp16", "amp"])
+def test_half_precision_settings_reach_fairseq(precision):
+    args = parse_dry_run("enwik8", "--small", GPUS="0", PRECISION=precision)
+    assert getattr(args, precision.replace("-", "_"))
+    # fairseq's parser sets --fp16 along with --memory-efficient-fp16
+    assert args.fp16 == (precision == "memory-efficient-fp16")
+
+
+def test_bf16_is_refused_before_fairseq_turns_it_into_tpu_mode():
+    # fairseq 0.12's CLI sets --tpu for --bf16, then fails with "'NoneType' object has no attribute 'xla_device'"
+    code, out = script("enwik8", "train", "--dry-run", "--small", GPUS="0", BF16="1")
+    assert code == 2 and "BF16=1" in out and "torch_xla" in out and "PRECISION=fp16" in out
+    code, out = script("enwik8", "train", "--dry-run", "--small", GPUS="0", PRECISION="bf16")
+    assert code == 2 and "PRECISION must be" in out
+
+
 @pytest.mark.parametrize("recipe", ["wikitext103", "enwik8"])
 def test_scripts_explain_themselves_and_name_what_is_wrong(recipe, tmp_path):
     for name in ("prepare", "train", "eval"):

@@ -60,7 +60,16 @@ class LayerResult:
 
 
 def refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, backend: str) -> LayerResult:
-    """Spherical K-Means of one layer's banked states (N x C), greedily ordered; skipped on a degenerate bank."""
+    """Spherical K-Means of one layer's banked states (N x C), greedily ordered; skipped on a degenerate bank.
+
+    Always in float32, also when called inside an autocast region (a synchronous refresh runs inside fairseq's
+    ``--amp`` training step): half-precision similarities would move states between neighbouring centroids.
+    """
+    with torch.autocast(states.device.type, enabled=False):
+        return _refresh_layer(states, num_clusters, iters, seed, backend)
+
+
+def _refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, backend: str) -> LayerResult:
     start = time.perf_counter()
     if states.size(0) < num_clusters:
         reason = f"{states.size(0)} banked states are fewer than the {num_clusters} clusters"
@@ -69,8 +78,7 @@ def refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, back
         reason = f"the {states.size(0)} banked states hold fewer than {num_clusters} distinct directions"
         return LayerResult(None, states.size(0), time.perf_counter() - start, reason)
     backend = resolve_backend(backend, states.device)
-    use_gpu = states.device.type == "cuda"
-    fresh = order_centroids(spherical_kmeans(states, num_clusters, iters, seed, backend, use_gpu=use_gpu))
+    fresh = order_centroids(spherical_kmeans(states, num_clusters, iters, seed, backend))
     shares = bank_shares(states, fresh)
     return LayerResult(fresh, states.size(0), time.perf_counter() - start, backend=backend, shares=shares)
 

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fairseq_clusterformer.ops.faiss_kmeans import faiss_spherical_kmeans
+
 # Working memory one chunk of the torch backend may take (states + similarities), so that a 100k x 1024 bank with
 # 512 clusters is processed ~10k rows at a time instead of materialising an N x P matrix.
 _CHUNK_BYTES = 64 * 2**20
@@ -164,7 +166,6 @@ def spherical_kmeans(
     iters: int = 20,
     seed: int = 1,
     backend: str = "faiss",
-    use_gpu: bool = False,
     init: Tensor | None = None,
 ) -> Tensor:
     """Spherical K-Means: cosine assignment of unit-normalised states, centroid = normalised mean of its members.
@@ -177,10 +178,9 @@ def spherical_kmeans(
         num_clusters: P.
         iters: Lloyd iterations (assignment + update).
         seed: seeds the initial choice of centroids (and faiss's sampling).
-        backend: "faiss" (faiss.Kmeans, on all GPUs when `use_gpu` and faiss was built with GPUs, else CPU),
-            "torch" (chunked Lloyd iterations on the states' device; bit-identical across CPU runs) or "auto"
-            (`resolve_backend`).
-        use_gpu: faiss backend only.
+        backend: "faiss" (faiss's Lloyd iterations, on the states' own GPU when they are on one and faiss was
+            built with GPUs, else on the CPU: `ops.faiss_kmeans`), "torch" (chunked Lloyd iterations on the states'
+            device; bit-identical across CPU runs, and run to run on a GPU) or "auto" (`resolve_backend`).
         init: (P, C) initial centroids (e.g. the current ones, to warm-start a refresh); default: P distinct states
             chosen at random with `seed`. Random initialisation can settle in a local optimum (two centroids sharing
             one true cluster while another centroid straddles two), which no number of iterations undoes.
@@ -203,36 +203,15 @@ def spherical_kmeans(
             raise ValueError(f"init must be {num_clusters} x {states.size(1)}, got shape {tuple(init.shape)}")
         init = F.normalize(init.detach().float(), dim=-1)
     if resolve_backend(backend, states.device) == "faiss":
-        return _faiss_kmeans(states, num_clusters, iters, seed, use_gpu, init)
+        return _faiss_kmeans(states, num_clusters, iters, seed, init)
     return _torch_kmeans(states, num_clusters, iters, seed, init)
 
 
-def _faiss_kmeans(
-    states: Tensor, num_clusters: int, iters: int, seed: int, use_gpu: bool, init: Tensor | None
-) -> Tensor:
+def _faiss_kmeans(states: Tensor, num_clusters: int, iters: int, seed: int, init: Tensor | None) -> Tensor:
     faiss = _faiss()
     if faiss is None:
         raise ValueError('backend="faiss" needs faiss: `pip install faiss-cpu` (or faiss-gpu), or use backend="torch"')
-    num, dim = states.shape
-    unit = F.normalize(states.detach().float(), dim=-1).cpu().numpy()  # N x C
-    kmeans = faiss.Kmeans(
-        dim,
-        num_clusters,
-        niter=iters,
-        seed=seed,
-        spherical=True,
-        # faiss-cpu reports 0 GPUs for gpu=True and then runs on CPU, which is the fallback we want.
-        gpu=use_gpu,
-        verbose=False,
-        # faiss silently trains on a random subset of max_points_per_centroid * P states (default 256 * P, i.e. only
-        # 16k of a 100k bank for 64 clusters); the whole bank is the point of keeping one.
-        max_points_per_centroid=math.ceil(num / num_clusters),
-        # Below min_points_per_centroid * P states faiss only prints a warning; a small bank is legitimate here.
-        min_points_per_centroid=1,
-    )
-    kmeans.train(unit, init_centroids=None if init is None else init.cpu().numpy())
-    # faiss's spherical mode normalises after every update; normalising again only removes float rounding.
-    return F.normalize(torch.from_numpy(kmeans.centroids).float(), dim=-1).to(states.device)
+    return faiss_spherical_kmeans(faiss, states, num_clusters, iters, seed, init)
 
 
 @torch.no_grad()
@@ -264,8 +243,8 @@ def _torch_kmeans(states: Tensor, num_clusters: int, iters: int, seed: int, init
         if not changed:
             # no point moved: the update would reproduce the same centroids exactly
             break
-        sums = torch.zeros_like(centroids).index_add_(0, ids, unit)  # P x C
-        counts = torch.bincount(ids, minlength=num_clusters)  # P
+        sums = cluster_sums(unit, ids, num_clusters, fixed_order=unit.is_cuda)  # P x C
+        counts = torch.bincount(ids, minlength=num_clusters)  # P; integer adds: exact in any order
         # An empty cluster keeps its previous centroid instead of becoming a zero vector.
         moved = torch.where((counts > 0).unsqueeze(1), F.normalize(sums, dim=-1), centroids)  # P x C
         shift = (moved - centroids).norm(dim=-1)  # P
@@ -274,6 +253,25 @@ def _torch_kmeans(states: Tensor, num_clusters: int, iters: int, seed: int, init
         rival += shift.max() + _BOUND_SLACK
         stale = (own <= rival).nonzero().squeeze(1)  # points that might change cluster
     return centroids
+
+
+def cluster_sums(unit: Tensor, ids: Tensor, num_clusters: int, fixed_order: bool) -> Tensor:
+    """Sum of the N x C rows of every cluster: P x C.
+
+    ``fixed_order`` False: ``index_add_`` (deterministic on the CPU; on a GPU its float atomics add 100k rows in
+    whatever order the threads arrive, so two runs differ in the last bits and, through the next assignments, in
+    their centroids). True: one-hot (rows x P) x rows (rows x C) matrix products over fixed chunks, which add in the
+    same order every run, for one more matmul per iteration of the assignment's size.
+    """
+    if not fixed_order:
+        return torch.zeros(num_clusters, unit.size(1), dtype=unit.dtype, device=unit.device).index_add_(0, ids, unit)
+    sums = unit.new_zeros(num_clusters, unit.size(1))  # P x C
+    clusters = torch.arange(num_clusters, device=unit.device)  # P
+    rows = _chunk_rows(unit.size(1), num_clusters)
+    for chunk, chunk_ids in zip(unit.split(rows), ids.split(rows)):
+        one_hot = (chunk_ids.unsqueeze(1) == clusters).to(unit.dtype)  # rows x P
+        sums += one_hot.t() @ chunk  # P x C
+    return sums
 
 
 def _assign(unit: Tensor, centroids: Tensor, stale: Tensor, rows: int, ids: Tensor, own: Tensor, rival: Tensor) -> bool:

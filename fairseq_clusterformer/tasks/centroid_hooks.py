@@ -129,7 +129,15 @@ class CentroidRefreshHooks:
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
         # the first micro-batch of an update is the same moment on every rank: refreshes start and install there
         self.refresher.before_step(update_num)
-        result = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        try:
+            result = super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        except RuntimeError as error:
+            if "out of memory" in str(error):
+                # fairseq's trainer skips this micro-batch on this rank only and goes on; the other ranks still enter
+                # the exchange below, so this rank must too (with no states: the failed pass's are dropped), or
+                # every rank waits for it forever
+                self.refresher.commit(discard=True)
+            raise
         # fairseq gives every rank the same number of micro-batches (dummy ones with ignore_grad), so this exchange
         # of banked states is reached by all ranks together
         self.refresher.commit(discard=ignore_grad)

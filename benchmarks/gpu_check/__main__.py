@@ -1,0 +1,121 @@
+"""`make gpu-check`: every check a GPU should pass and every figure it should give, in one command.
+
+On a CUDA machine (about 40 minutes on one H100) it writes Markdown + JSON per part into ``--out`` (default
+``benchmarks/results/gpu/``), each file naming the GPU and its driver:
+
+1. ``tests``: the device-independent tests (those taking the ``device`` fixture) with ``pytest --device cuda``;
+2. ``train``: ``fairseq-train`` with ``--fp16``, ``--memory-efficient-fp16`` and ``--amp`` on the paper's layer
+   shapes with K-Means refreshes, stopped and resumed: the final weights, centroids and banks must equal an
+   uninterrupted run's;
+3. ``kmeans``: a 100k x 512 -> 512 refresh with faiss-gpu and torch, and the training stall of a refresh;
+4. ``layers``: one layer's forward+backward time and peak memory at T = 3k, 12k, 32k against the best
+   sliding-window attention of the GPU (SDPA with a band mask, FlexAttention, FlashAttention);
+5. ``generation``: generated tokens/s at 8k against ``transformer_lm``.
+
+On a CPU the same parts run at tiny sizes (a few minutes; the test suite runs it) into a scratch directory. A part
+that fails records its error and the others still run; the exit status is 1 if any part failed.
+
+    .venv/bin/python benchmarks/gpu_check [--out DIR] [--parts tests,train,...] [--size tiny|full]
+
+A call with ``--parts`` adds its parts to the summary an earlier call into the same ``--out`` wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent.parent
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
+
+import torch  # noqa: E402
+
+from gpu_check.common import Context, machine, machine_line, write_part  # noqa: E402
+
+# imported when run, so that a part that does not even import is that part's error, not the whole run's
+PARTS = {name: f"gpu_check.part_{name}" for name in ("tests", "train", "kmeans", "layers", "generation")}
+COMMITTED = BENCHMARKS / "results" / "gpu"
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--out", type=Path, help=f"result directory (default: {COMMITTED} on a GPU, a temporary one on a CPU)"
+    )
+    p.add_argument("--work-dir", type=Path, help="data, checkpoints and logs (default: a temporary directory)")
+    p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when torch sees a GPU)")
+    p.add_argument(
+        "--size", choices=("auto", "tiny", "full"), default="auto", help="auto: full on a GPU, tiny on a CPU"
+    )
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    name = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device")
+    tiny = args.size == "tiny" or (args.size == "auto" and device.type != "cuda")
+    parts = [p for p in args.parts.split(",") if p]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise SystemExit(f"--parts: unknown part(s) {unknown}, expected some of {list(PARTS)}")
+    out = args.out or (COMMITTED if not tiny else Path(tempfile.mkdtemp(prefix="gpu-check-")))
+    if (tiny or device.type != "cuda") and out.resolve() == COMMITTED.resolve():
+        raise SystemExit(f"--out {out}: CPU or tiny-sized results would replace the GPU's; pass another --out")
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="gpu-check-work-"))
+    ctx = Context(out, work, device, tiny, machine(device))
+    ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    print(f"gpu-check on {ctx.machine['gpu']} ({'tiny' if tiny else 'full'} sizes) -> {ctx.out_dir}", flush=True)
+
+    # parts of an earlier call into the same --out stay in the summary: a GPU lent for a few minutes at a time runs
+    # the parts in several calls (`--parts tests,kmeans,layers`, then `--parts train,generation`)
+    earlier = ctx.out_dir / "summary.json"
+    summary = json.loads(earlier.read_text())["parts"] if earlier.exists() else {}
+    for part in parts:
+        start, title = time.perf_counter(), part
+        print(f"[{part}] ...", flush=True)
+        try:
+            module = importlib.import_module(PARTS[part])
+            title = module.TITLE
+            record, markdown = module.run(ctx)
+        except Exception as err:  # a part that breaks must not stop the others: its error is its result
+            record = {"status": "error", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
+            markdown = f"**Error**: `{record['error']}`\n\n```\n{record['traceback'][-4000:]}\n```"
+            print(record["traceback"], file=sys.stderr, flush=True)
+        record["seconds"] = round(time.perf_counter() - start, 1)
+        write_part(ctx, part, title, record, markdown)
+        summary[part] = {k: record.get(k) for k in ("status", "headline", "error", "seconds")}
+        print(f"[{part}] {record['status']} in {record['seconds']} s: {record.get('headline') or ''}", flush=True)
+
+    failed = [p for p in parts if summary[p]["status"] != "ok"]
+    (ctx.out_dir / "summary.json").write_text(
+        json.dumps({"machine": ctx.machine, "size": "tiny" if tiny else "full", "parts": summary}, indent=2) + "\n"
+    )
+    lines = [
+        f"- **{p}** ({r['status']}, {r['seconds']} s): {r.get('headline') or r.get('error') or ''}"
+        for p, r in summary.items()
+    ]
+    command = "make gpu-check" + (
+        "" if ctx.out_dir.resolve() == COMMITTED.resolve() else f" GPU_CHECK_OUT={ctx.out_dir}"
+    )
+    (ctx.out_dir / "summary.md").write_text(
+        f"# gpu-check summary\n\n{machine_line(ctx.machine)}\n\n`{command}` ({'tiny' if tiny else 'full'} sizes); "
+        f"one file per part beside this one.\n\n" + "\n".join(lines) + "\n"
+    )
+    print(f"gpu-check: {len(parts) - len(failed)} of {len(parts)} parts ok; results in {ctx.out_dir}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
