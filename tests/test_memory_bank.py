@@ -151,3 +151,52 @@ def test_pick_then_append_equals_add():
         picked.append(batch[keep])
     assert torch.equal(added.contents(), picked.contents())
     assert picked.pick(3) is None  # fewer rows than the sample size: keep them all
+
+
+def test_resumed_banks_go_to_their_layers_device_before_the_first_add():
+    """A checkpoint keeps the rows on the CPU; after a resume they must sit where the layer is (its GPU in training),
+    or a refresh due before the first ``add`` snapshots CPU rows and runs K-Means on the CPU (other centroids than
+    the uninterrupted run's). The meta device stands in for a GPU: the test needs no accelerator."""
+    from types import SimpleNamespace
+
+    from fairseq_clusterformer.modules.layer_banks import LayerBanks
+
+    saved = MemoryBank(capacity=4)
+    saved.add(rows(0, 3))
+    layer = SimpleNamespace(num_clusters=2, centroids=torch.zeros(2, 3, device="meta"), state_sink=None)
+    banks = LayerBanks([layer], capacity=4, sample_per_batch=0, seed=1)
+    banks.load_state_dict([saved.state_dict()])
+    assert banks[0].device == torch.device("meta")
+    assert banks.snapshots()[0].device == torch.device("meta")
+    assert banks.snapshots()[0].shape == (3, 3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    capacity=st.integers(1, 9),
+    batches=st.lists(st.lists(st.sampled_from(["real", "pad", "nan"]), max_size=12), max_size=6),
+)
+def test_masked_add_equals_adding_only_the_real_finite_rows(capacity, batches):
+    """The fixed-shape write (a mask, no boolean index) keeps exactly what adding the real, finite rows alone
+    keeps, and counts only the real rows with NaN/Inf (a pad is not a state, whatever it holds)."""
+    masked, reference = MemoryBank(capacity=capacity), MemoryBank(capacity=capacity)
+    start, nan_real = 0, 0
+    for kinds in batches:
+        states = rows(start, start + len(kinds))
+        valid = torch.tensor([kind != "pad" for kind in kinds], dtype=torch.bool)
+        states[[i for i, kind in enumerate(kinds) if kind == "nan"], 0] = float("nan")
+        states[[i for i, kind in enumerate(kinds) if kind == "pad"], 1] = float("inf")
+        dropped = masked.add(states, valid)
+        assert int(dropped) == kinds.count("nan")
+        nan_real += kinds.count("nan")
+        reference.add(states[[i for i, kind in enumerate(kinds) if kind == "real"]])
+        start += len(kinds)
+    assert torch.equal(masked.contents(), reference.contents())
+    assert (len(masked), masked.total_seen, masked.num_nonfinite_dropped) == (
+        len(reference),
+        reference.total_seen,
+        nan_real,
+    )
+    resumed = MemoryBank(capacity=capacity)
+    resumed.load_state_dict(masked.state_dict())
+    assert torch.equal(resumed.contents(), reference.contents())

@@ -13,7 +13,7 @@ from gpu_check.common import BENCHMARKS, REPO, Context, run_tool
 
 NAME = "tests"
 TITLE = "The device-independent tests on the device"
-FILES = ["tests/test_layers.py", "tests/test_kmeans.py", "tests/test_properties.py"]
+FILES = ["tests/test_layers.py", "tests/test_kmeans.py", "tests/test_properties.py", "tests/test_host_syncs.py"]
 
 
 def run(ctx: Context) -> tuple[dict, str]:

@@ -47,11 +47,13 @@ class ClusterFormerQACriterion(FairseqCriterion):
         span_ll, has_gold = gold_span_log_likelihood(logits["start"], logits["end"], valid, sample["spans"])
         span_loss = -span_ll.sum()
         loss = span_loss
-        log = {"span_loss": span_loss.data, "span_examples": int(has_gold.sum())}
+        # a tensor, as the losses are: int() would make the host wait for the device in every step
+        log = {"span_loss": span_loss.data, "span_examples": has_gold.sum()}
         if "answer_type" in logits:
             kinds = sample["answer_type"]  # B
             type_loss = F.cross_entropy(logits["answer_type"].float(), kinds, ignore_index=-1, reduction="sum")
-            candidates = paragraph_positions(context, self.task.paragraph)  # B x P
+            # P = T: a fixed width (the most paragraphs of the batch would be read back from the device)
+            candidates = paragraph_positions(context, self.task.paragraph, context.size(1))  # B x P
             log_p = candidate_log_softmax(logits["paragraph"], candidates)  # B x P
             gold = sample["long_answer"]  # B, paragraph index or -1
             picked = log_p.gather(1, gold.clamp(min=0)[:, None])[:, 0]  # B

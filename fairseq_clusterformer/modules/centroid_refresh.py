@@ -80,7 +80,9 @@ class CentroidRefresher:
         """Give every Cluster-Former layer of ``model`` a memory bank that its training forward fills."""
         self.layers = [m for m in model.modules() if isinstance(m, ClusterFormerLayer)]
         s = self.settings
-        self.banks = LayerBanks(self.layers, s.memory_size, s.sample_per_batch, s.seed)
+        # sharded: in a distributed run each rank banks its own states and nothing crosses ranks in a training step;
+        # the shards merge into rank 0's bank when a refresh snapshots it and before a save (``LayerBanks.gather``)
+        self.banks = LayerBanks(self.layers, s.memory_size, s.sample_per_batch, s.seed, sharded=True)
         self.layer_refreshes = [0] * len(self.layers)
         if self.layers and self.settings.backend == "faiss" and not faiss_available():
             raise ValueError(
@@ -147,6 +149,7 @@ class CentroidRefresher:
         self.epoch_refresh_due = False
         seed = self.settings.seed + self.refreshes_started
         self.refreshes_started += 1
+        self.banks.gather()  # every rank: the shards meet in rank 0's bank, which the job snapshots
         job = None
         if world()[0] == 0:
             clusters = [layer.num_clusters for layer in self.layers]
@@ -273,9 +276,9 @@ class CentroidRefresher:
         for index, (layer, bank) in enumerate(zip(self.layers, self.banks)):
             if layer.last_cluster_entropy is not None:
                 metrics.log_scalar(f"cluster_entropy_{index}", layer.last_cluster_entropy, weight=1, round=3)
-            metrics.log_scalar(f"bank_{index}", len(bank), weight=0, round=0)
-            if bank.num_nonfinite_dropped:
-                metrics.log_scalar(f"bank_nonfinite_{index}", bank.num_nonfinite_dropped, weight=0, round=0)
+            # device tensors: fairseq reads them when it logs, not in every step (a read here would stall a GPU)
+            metrics.log_scalar(f"bank_{index}", bank.fill, weight=0, round=0)
+            metrics.log_scalar(f"bank_nonfinite_{index}", bank.nonfinite_dropped, weight=0, round=0)
         if self.layers:
             metrics.log_scalar("kmeans_s", self.last_refresh_seconds, weight=0, round=3)
             metrics.log_scalar("kmeans_stall_s", self.last_stall_seconds, weight=0, round=3)

@@ -133,7 +133,7 @@ class ClusterFormerDecoder(TransformerDecoderBase):
         Pads are run as tokens: the generator only feeds them in beams it has already scored -inf (the spare beams
         while a prompt is forced), whose outputs it never uses."""
         cache = self.get_incremental_state(incremental_state, CACHE_KEY) or {}
-        seen = int(cache["length"]) if "length" in cache else 0
+        seen = cache.get("length", 0)  # a host int: reading a tensor here would be a host sync per step
         tokens = prev_output_tokens
         if tokens.size(1) <= seen:
             raise ValueError(
@@ -160,7 +160,7 @@ class ClusterFormerDecoder(TransformerDecoderBase):
         if self.project_out_dim is not None:
             x = self.project_out_dim(x)
         flat: StepCache = {f"{i}.{name}": t for i, layer_cache in enumerate(caches) for name, t in layer_cache.items()}
-        flat["length"] = torch.tensor(tokens.size(1))
+        flat["length"] = tokens.size(1)  # type: ignore[assignment]  # the one entry that is not a tensor
         self.set_incremental_state(incremental_state, CACHE_KEY, flat)
         return x, {"attn": [None], "inner_states": inner_states}
 

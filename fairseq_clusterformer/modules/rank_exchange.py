@@ -5,6 +5,10 @@ n = states of one rank's micro-batch, P = clusters, C = model dim.
 - Rank 0 alone holds the rows of the memory banks: only it runs K-Means, and only it saves checkpoints. After every
   micro-batch each rank sends it its own banked states (``send_to_rank0``). The other ranks keep each bank's
   counters and sampling generator, not its rows (a few bytes instead of ``--memory-size`` x C floats per layer).
+- Sharded banks (``LayerBanks(sharded=True)``): no exchange in a step (but the sample draw's counts with
+  ``--memory-sample-per-batch``, ``add_sampled_shard``); a merge at a refresh or before a save shares the rows'
+  stamps (``all_gather_varlen``), then each rank sends rank 0 only its rows among the last ``--memory-size``
+  (``gather_to_rank0``), and the counters are summed (``sum_over_ranks``).
 - Rank 0's centroids reach every rank by broadcast (``broadcast_from_rank0``), and after every install a checksum
   compared across the ranks proves that they all hold the same ones (``check_ranks_agree``).
 """
@@ -19,7 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.memory_bank import MemoryBank, finite_rows
+from fairseq_clusterformer.modules.memory_bank import MemoryBank
 
 logger = logging.getLogger(__name__)
 
@@ -32,20 +36,24 @@ def world() -> tuple[int, int]:
 
 
 @torch.no_grad()
-def send_to_rank0(bank: MemoryBank, rows: Tensor) -> int:
-    """Append every rank's rows of one micro-batch (this rank's: n x C float32) to rank 0's ``bank``, in rank order.
+def send_to_rank0(bank: MemoryBank, rows: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Append every rank's rows of one micro-batch (this rank's: n x C float32, those where ``valid`` (n) is True)
+    to rank 0's ``bank``, in rank order.
 
     Called by every rank together. NaN/Inf rows are dropped; with ``--memory-sample-per-batch`` a sample of each
     rank's rows is kept. Rank 0's bank then holds what one process that ran the ranks' micro-batches one after
-    another would hold. Returns the NaN/Inf rows dropped on all ranks (counted in every rank's bank).
+    another would hold. Returns the NaN/Inf rows dropped on all ranks (counted in every rank's bank), a 0-dim tensor.
     """
     rank, size = world()
+    if valid is not None:
+        rows = rows[valid.to(rows.device)]
     rows, dropped_here = finite_rows(rows)
     counts = torch.tensor([rows.size(0), dropped_here], device=rows.device)
     every = [torch.zeros_like(counts) for _ in range(size)]
     dist.all_gather(every, counts)
     dropped = sum(int(c[1]) for c in every)
-    bank.num_nonfinite_dropped += dropped
+    bank.count_nonfinite(dropped)
+    dropped = torch.tensor(dropped, device=rows.device)
     # every rank draws every rank's sample, in rank order, from its copy of the bank's generator: the copies stay
     # equal, and each rank sends only the rows it keeps
     picks = [bank.pick(int(c[0])) for c in every]
@@ -62,6 +70,87 @@ def send_to_rank0(bank: MemoryBank, rows: Tensor) -> int:
         for part, count in zip(parts, kept):
             bank.append(part[:count])
     return dropped
+
+
+@torch.no_grad()
+def add_sampled_shard(bank: MemoryBank, rows: Tensor, valid: Tensor | None) -> Tensor:
+    """``--memory-sample-per-batch`` with sharded banks: write this rank's sample of its finite real rows (n x C,
+    ``valid``: n or None) to its own shard; returns the NaN/Inf rows it dropped (0-dim tensor).
+
+    Every rank draws every rank's picks, in rank order, from its copy of the bank's generator, as ``send_to_rank0``
+    does: the copies stay equal and the same rows are drawn as by one process. Drawing needs every rank's count of
+    finite rows on the host: an all-gather and a sync per step, on this path only."""
+    rank, size = world()
+    if valid is not None:
+        rows = rows[valid.to(rows.device)]
+    rows, dropped = finite_rows(rows)
+    count = torch.tensor([rows.size(0)], device=rows.device)
+    every = [torch.zeros_like(count) for _ in range(size)]
+    dist.all_gather(every, count)
+    picks = [bank.pick(int(c)) for c in every]
+    if picks[rank] is not None:
+        rows = rows[picks[rank].to(rows.device)]
+    bank.append(rows)
+    bank.count_nonfinite(dropped)
+    return torch.tensor(dropped, device=rows.device)
+
+
+def finite_rows(states: Tensor) -> tuple[Tensor, int]:
+    """(N, C) -> the (n, C) rows without NaN/Inf, and how many were dropped."""
+    finite = torch.isfinite(states).all(dim=1)  # N
+    dropped = int((~finite).sum())
+    return (states[finite] if dropped else states), dropped
+
+
+@torch.no_grad()
+def gather_to_rank0(rows: Tensor, keys: Tensor) -> tuple[Tensor, Tensor] | None:
+    """Every rank's rows (n_i x C) and their keys (n_i), concatenated in rank order, on rank 0; None elsewhere.
+
+    Called by every rank together, at a refresh or a checkpoint, not in a training step: it reads the ranks' row
+    counts back to the host to size the gather."""
+    rank, size = world()
+    count = torch.tensor([rows.size(0)], device=rows.device)
+    every = [torch.zeros_like(count) for _ in range(size)]
+    dist.all_gather(every, count)
+    counts = [int(c) for c in every]
+    width = max(counts)
+    padded = rows.new_zeros(width, rows.size(1))  # width x C: gather needs equal shapes
+    padded[: rows.size(0)] = rows
+    padded_keys = keys.new_zeros(width)  # width
+    padded_keys[: keys.size(0)] = keys
+    parts = [torch.empty_like(padded) for _ in range(size)] if rank == 0 else None
+    key_parts = [torch.empty_like(padded_keys) for _ in range(size)] if rank == 0 else None
+    dist.gather(padded, parts, dst=0)
+    dist.gather(padded_keys, key_parts, dst=0)
+    if parts is None:
+        return None
+    return (
+        torch.cat([part[:n] for part, n in zip(parts, counts)]),
+        torch.cat([part[:n] for part, n in zip(key_parts, counts)]),
+    )
+
+
+@torch.no_grad()
+def all_gather_varlen(values: Tensor) -> list[Tensor]:
+    """Every rank's 1-D ``values`` (n_i), on every rank, in rank order (reads the lengths back: a sync)."""
+    _, size = world()
+    count = torch.tensor([values.numel()], device=values.device)
+    every = [torch.zeros_like(count) for _ in range(size)]
+    dist.all_gather(every, count)
+    counts = [int(c) for c in every]
+    padded = values.new_zeros(max(counts))  # max n_i: all_gather needs equal shapes
+    padded[: values.numel()] = values
+    parts = [torch.empty_like(padded) for _ in range(size)]
+    dist.all_gather(parts, padded)
+    return [part[:n] for part, n in zip(parts, counts)]
+
+
+@torch.no_grad()
+def sum_over_ranks(values: list[int], device: torch.device) -> list[int]:
+    """Every rank's ``values`` added up, on every rank (a sync: for a refresh or a checkpoint)."""
+    total = torch.tensor(values, dtype=torch.long, device=device)
+    dist.all_reduce(total)
+    return [int(v) for v in total]
 
 
 @torch.no_grad()

@@ -139,6 +139,7 @@ class NeighbourGroupLayer(SortedWindowLayer):
         # cluster -> group per grouping (n x P); derived from the shares, so not saved: ``update_groups`` redoes it
         # whenever the shares change, which keeps host work and syncs out of the forward pass
         self.register_buffer("group_table", self._table(uniform_shares(num_groups)), persistent=False)
+        self._group_count = self._count(self.group_table)
 
     def cluster_shares(self) -> Tensor:
         """Expected share of the tokens per cluster (P,), which sets the group cut points."""
@@ -147,12 +148,21 @@ class NeighbourGroupLayer(SortedWindowLayer):
     def _table(self, shares: Tensor) -> Tensor:
         return cluster_to_group(shares, self.num_band_groups, self.groupings)  # n x P
 
+    @staticmethod
+    def _count(table: Tensor) -> int:
+        """How many group ids the table gives (its values run 0..G: the shifted groupings have one group more)."""
+        return int(table.max()) + 1 if table.numel() else 0
+
     def update_groups(self) -> None:
-        self.group_table = self._table(self.cluster_shares()).to(self.group_table.device)
+        table = self._table(self.cluster_shares())  # on the CPU, where ``cluster_to_group`` computes it
+        # counted here, on the host copy, once per change of the shares: a forward or a generation step that read
+        # the max of the device's table would wait for the GPU
+        self._group_count = self._count(table)
+        self.group_table = table.to(self.group_table.device)
 
     def band_groups(self, ids: Tensor, padding_mask: Tensor | None) -> Tensor:
-        return band_group_ids(ids, self.group_table, padding_mask)  # n x B x T
+        # pads one past the last group: the group count
+        return band_group_ids(ids, self.group_table, padding_mask, self._group_count)  # n x B x T
 
     def band_group_count(self) -> int:
-        # the table's values run 0..G (the shifted groupings have one group more)
-        return int(self.group_table.max()) + 1
+        return self._group_count

@@ -66,13 +66,18 @@ def cluster_to_group(shares: Tensor, groups: int, groupings: int) -> Tensor:
     return scaled.floor().long().clamp(max=groups)  # n x P
 
 
-def band_group_ids(ids: Tensor, table: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+def band_group_ids(
+    ids: Tensor, table: Tensor, padding_mask: Tensor | None = None, pad_group: int | None = None
+) -> Tensor:
     """Map cluster ids (B x T, pads at P) to group ids per grouping: n x B x T, pads one past the last group.
 
     table: n x P from ``cluster_to_group``; its values stay <= G, so G + 1 is free for the pads, which a stable
     sort then moves behind every real token (they must never take a slot inside a real group's band).
+    pad_group: ``table.max() + 1``, which a caller that caches the table passes along with it: reading the max of a
+    table on the GPU would make the host wait for the device in every forward. None: read it here.
     """
-    pad_group = int(table.max()) + 1 if table.numel() else 0
+    if pad_group is None:
+        pad_group = int(table.max()) + 1 if table.numel() else 0
     padded_table = torch.cat([table, table.new_full((table.size(0), 1), pad_group)], dim=1)  # n x (P+1)
     flat = padded_table[:, ids.clamp(max=table.size(1)).reshape(-1)]  # n x (B*T)
     out = flat.view(table.size(0), *ids.shape)  # n x B x T

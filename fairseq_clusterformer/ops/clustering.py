@@ -51,12 +51,25 @@ def gather_tokens(x: Tensor, order: Tensor) -> Tensor:
     return torch.gather(x, 1, index)
 
 
+def cluster_counts(ids: Tensor, num_clusters: int, padding_mask: Tensor | None = None) -> Tensor:
+    """Tokens per cluster (P,) LongTensor, pads (``padding_mask`` True, or id P) left out.
+
+    Counted from the sorted ids: the run of cluster c lies between the first positions of c and of c + 1 in the
+    sorted order (``searchsorted``). Unlike ``bincount`` this has a fixed output shape (``bincount`` reads the
+    largest id back from the device) and is deterministic on a GPU (``bincount`` with weights adds floats with
+    atomics and throws under ``torch.use_deterministic_algorithms(True)``).
+    """
+    flat = ids.reshape(-1)  # B*T
+    if padding_mask is not None:
+        flat = flat.masked_fill(padding_mask.reshape(-1), num_clusters)  # pads count in the extra cluster P
+    edges = torch.arange(num_clusters + 1, device=ids.device, dtype=flat.dtype)  # P+1: 0..P
+    starts = torch.searchsorted(torch.sort(flat).values, edges)  # P+1, first position of each id
+    return starts[1:] - starts[:-1]  # P
+
+
 def cluster_size_entropy(ids: Tensor, num_clusters: int, padding_mask: Tensor | None = None) -> Tensor:
     """Entropy (in bits) of the cluster-size histogram of real tokens: log2(P) when sizes are uniform,
     0 when every token falls into one cluster. A scalar float32 tensor (no host sync)."""
-    flat = ids.reshape(-1)
-    # pads carry id P; dropping them by weight instead of boolean indexing avoids a host sync
-    weights = None if padding_mask is None else (~padding_mask).reshape(-1).float()
-    counts = torch.bincount(flat, weights=weights, minlength=num_clusters + 1)[:num_clusters].float()  # P
+    counts = cluster_counts(ids, num_clusters, padding_mask).float()  # P
     probs = counts / counts.sum().clamp(min=1)
     return -(probs * torch.log2(probs.clamp(min=1e-12))).sum()

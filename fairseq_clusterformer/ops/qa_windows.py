@@ -67,8 +67,13 @@ class QALayout:
         return torch.cat([question, context], dim=1)  # K x W
 
     def coverage(self, device: torch.device | None, dtype: torch.dtype) -> Tensor:
-        """How many windows hold each flat slot (length S, all >= 1)."""
-        counts = torch.bincount(self.window_slots(device).reshape(-1), minlength=self.flat_len + 1)
+        """How many windows hold each flat slot (length S, all >= 1).
+
+        Counted by adding ones at every window's slots into a fixed S + 1 (the sentinel last): ``bincount`` would
+        read the largest slot back from the device to size its output, a host sync in every QA layer."""
+        slots = self.window_slots(device).reshape(-1)  # K*W
+        counts = torch.zeros(self.flat_len + 1, dtype=torch.long, device=device)  # S+1
+        counts.index_add_(0, slots, torch.ones_like(slots))  # integer sums: the same in any order
         return counts[: self.flat_len].to(dtype)
 
 

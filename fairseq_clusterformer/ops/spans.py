@@ -20,11 +20,17 @@ def span_positions(context: Tensor, pad: int, paragraph: int) -> Tensor:
     return context.ne(pad) & context.ne(paragraph)
 
 
-def paragraph_positions(context: Tensor, paragraph: int) -> Tensor:
-    """B x P indices of the paragraph tokens of every row, padded with -1 (P = most paragraphs in the batch)."""
+def paragraph_positions(context: Tensor, paragraph: int, width: int | None = None) -> Tensor:
+    """B x P indices of the paragraph tokens of every row, padded with -1.
+
+    width: P; None = the most paragraphs in the batch (read back from the device: a host sync, fine where the
+    answers are decoded on the host anyway); a training step passes T, a bound that no row can exceed, so that the
+    shape does not depend on the data (the extra columns are -1, which every user masks)."""
     is_paragraph = context.eq(paragraph)  # B x T
     counts = is_paragraph.sum(dim=1)  # B
-    width = max(int(counts.max().item()) if counts.numel() else 0, 1)
+    if width is None:
+        width = max(int(counts.max().item()) if counts.numel() else 0, 1)
+    width = max(min(width, context.size(1)), 1)
     # a stable sort by "not a paragraph token" lists each row's paragraph positions first, in order
     order = torch.sort((~is_paragraph).int(), dim=1, stable=True).indices[:, :width]  # B x P
     keep = torch.arange(width, device=context.device)[None, :] < counts[:, None]  # B x P

@@ -5,6 +5,7 @@ LanguageModelingTask)``) and adds ``MemoryBankConfig`` to its config dataclass. 
 ``from __future__ import annotations`` here: fairseq reads the config field types at run time.
 """
 
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class CentroidRefreshHooks:
         for flag, path in checkpoint_files_to_load(task_cfg):
             check_checkpoint_file(path, flag)
             check_model_fits(path, flag, model, flags or "the flags")
+        install_bank_gather_before_saves()
         save_dir = save_dir_of(task_cfg)
         if save_dir is not None and world()[0] == 0:  # rank 0 writes the checkpoints
             install_atomic_checkpoint_writes()
@@ -176,6 +178,32 @@ class CentroidRefreshHooks:
             base(state)
         if CHECKPOINT_KEY in state:
             self.refresher.load_state_dict(state[CHECKPOINT_KEY])
+
+
+def install_bank_gather_before_saves() -> None:
+    """Merge the ranks' bank shards into rank 0's before every checkpoint save (once per process, idempotent).
+
+    fairseq 0.12 asks only rank 0 for the checkpoint's state (``Trainer.save_checkpoint``), where a collective would
+    wait forever for the other ranks; ``checkpoint_utils.save_checkpoint`` is the last place every rank passes
+    through (fairseq_cli.train calls it on all ranks with the same arguments), so the merge goes in front of it. The
+    original sets ``save_checkpoint.best`` on whatever its module calls ``save_checkpoint`` (this wrapper, from now
+    on), which is where fairseq_cli.train reads it: the best-metric bookkeeping is unchanged.
+    """
+    from fairseq import checkpoint_utils
+
+    original = checkpoint_utils.save_checkpoint
+    if getattr(original, "gathers_banks", False):
+        return
+
+    @functools.wraps(original)
+    def save_checkpoint(cfg, trainer, epoch_itr, val_loss):
+        refresher = getattr(trainer.task, "refresher", None)
+        if refresher is not None and not cfg.no_save:
+            refresher.banks.gather()
+        return original(cfg, trainer, epoch_itr, val_loss)
+
+    save_checkpoint.gathers_banks = True
+    checkpoint_utils.save_checkpoint = save_checkpoint
 
 
 def describe_centroids(summary) -> None:
