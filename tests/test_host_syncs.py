@@ -166,6 +166,27 @@ def test_an_lm_training_step_does_not_sync(lm_data, device):
     assert len(task.refresher.banks[0]) == 60  # the bank did fill: the steps were real
 
 
+def test_an_lm_training_step_and_refresh_run_under_deterministic_algorithms(lm_data, device):
+    """``torch.use_deterministic_algorithms(True)`` throws at any op without a deterministic kernel (on a GPU: a
+    weighted ``bincount``, ``index_copy_``, ...); a user who asks for reproducibility must be able to train. On the
+    CPU this runs the same code; `make gpu-check` runs it on CUDA (with CUBLAS_WORKSPACE_CONFIG set)."""
+    from tests.test_model import build
+
+    torch.manual_seed(0)
+    flags = ["--num-clusters", 4, "--memory-size", 60, "--cluster-update-interval", 2, "--kmeans-swap-delay", 0]
+    task, model = build(lm_data, *flags)
+    model.to(device).train()
+    tokens, target = (t.to(device) for t in lm_batch(task))
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for update in (1, 2, 3):  # update 2 refreshes and installs
+            lm_step(task, model, tokens, target, update)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert task.refresher.num_refreshes == 1
+
+
 def test_an_lm_generation_step_with_the_cache_does_not_sync(lm_data, device):
     from tests.test_model import build
 

@@ -19,6 +19,8 @@ FILES = ["tests/test_layers.py", "tests/test_kmeans.py", "tests/test_properties.
 def run(ctx: Context) -> tuple[dict, str]:
     # the plugin is imported from benchmarks/ (gpu_check is not installed)
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")]))}
+    # cuBLAS needs this workspace setting before CUDA starts for the deterministic-algorithms test to run its matmuls
+    env["CUBLAS_WORKSPACE_CONFIG"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     args = ["-m", "pytest", *FILES, "-q", "-rfE", "-p", "no:cacheprovider", "-p", "gpu_check.device_tests_only"]
     args += ["--device", ctx.device.type, "--junitxml", ctx.work_dir / "tests-junit.xml"]
     code, out = run_tool(["python", *args], ctx.work_dir / "logs" / "tests.log", timeout=1800, env=env)
