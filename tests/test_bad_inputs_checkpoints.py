@@ -93,7 +93,8 @@ def dead_pid() -> int:
 def test_temp_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path, caplog):
     old = time.time() - FAIRSEQ_TEMP_IDLE_S - 60
     files = {
-        f"checkpoint_last.pt.tmp-{dead_pid()}-1": True,  # our temp file, its writer is gone
+        f".checkpoint_last.pt.tmp-{dead_pid()}-1": True,  # our temp file, its writer is gone
+        f"checkpoint_last.pt.tmp-{dead_pid()}-5": True,  # the same from an earlier version (not hidden)
         f"checkpoint_best.pt.tmp-{os.getpid()}-2": True,  # a pid reused by this (new) run: written before it
         f"checkpoint_1_4.pt.tmp-{os.getppid()}-3": False,  # a live writer
         "checkpoint_1_8.pt.tmp": True,  # fairseq's own, idle for long

@@ -9,8 +9,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+
+def temp_name(final: Path) -> Path:
+    """A hidden temp file beside ``final`` (same filesystem, so ``os.replace`` is atomic) that names its writer's pid,
+    so that a later run can tell debris of a dead writer from a live write (``tasks/checkpoint_writes.py``)."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{time.monotonic_ns()}")
 
 
 class AtomicFiles:
@@ -28,7 +35,7 @@ class AtomicFiles:
         missing = [folder for folder in (final.parent, *final.parent.parents) if not folder.exists()]
         final.parent.mkdir(parents=True, exist_ok=True)
         self._created += missing
-        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+        tmp = temp_name(final)
         self._pending[final] = tmp
         return tmp
 
@@ -71,3 +78,9 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         tmp = files.path(path)
         with open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
             yield f
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` writes the whole file to a temp path, which then replaces ``path`` (removed on any failure)."""
+    with atomic_group() as files:
+        write(files.path(path))

@@ -4,8 +4,9 @@ fairseq 0.12 saves a checkpoint to ``<file>.tmp`` and renames it (atomic), but t
 checkpoint_last.pt, checkpoint_best.pt, ... with ``PathManager.copy``, in place: a kill during the copy leaves a
 truncated checkpoint_last.pt. A kill during the save leaves ``<file>.tmp``, which nothing ever removes (gigabytes each
 at WikiText-103 size). During the plug-in's training runs both go through a temp file in the same directory named
-``<file>.tmp-<pid>-<ns>`` and ``os.replace``: a reader sees the old file or the new one, never a part, and the pid
-in the name tells the next run whether the writer is gone.
+``.<file>.tmp-<pid>-<ns>`` (``data.atomic_files``, as every file the plug-in writes) and ``os.replace``: a reader
+sees the old file or the new one, never a part, and the pid in the name tells the next run whether the writer is
+gone.
 """
 
 from __future__ import annotations
@@ -20,42 +21,29 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
+from fairseq_clusterformer.data.atomic_files import write_atomically
+
 logger = logging.getLogger(__name__)
 
-# checkpoint_last.pt.tmp-4242-123456789 (ours, with the writer's pid) and checkpoint_1_8.pt.tmp (fairseq's own)
-_TAGGED_TEMP = re.compile(r"^checkpoint.*\.pt\.tmp-(\d+)-\d+$")
+# .checkpoint_last.pt.tmp-4242-123456789 (ours, with the writer's pid: ``data.atomic_files.temp_name``; without the
+# dot from earlier versions) and checkpoint_1_8.pt.tmp (fairseq's own)
+_TAGGED_TEMP = re.compile(r"^\.?checkpoint.*\.pt\.tmp-(\d+)-\d+$")
 _FAIRSEQ_TEMP = re.compile(r"^checkpoint.*\.pt\.tmp$")
 # fairseq's temp file has no pid: it is debris once nothing has written to it for this long (a live save writes
 # continuously, so its mtime keeps moving)
 FAIRSEQ_TEMP_IDLE_S = 600.0
 
 
-def temp_name(path: str) -> str:
-    """A temp file beside ``path`` (same filesystem, so ``os.replace`` is atomic) that names its writer."""
-    return f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-
-
-def _write_then_replace(path: str, write) -> None:
-    tmp = temp_name(path)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def atomic_copy(src: str, dst: str) -> None:
-    _write_then_replace(dst, lambda tmp: shutil.copyfile(src, tmp))
+    write_atomically(dst, lambda tmp: shutil.copyfile(src, tmp))
 
 
 def atomic_save(obj, path: str) -> None:
-    def write(tmp: str) -> None:
+    def write(tmp) -> None:
         with open(tmp, "wb") as handle:
             torch.save(obj, handle)
 
-    _write_then_replace(path, write)
+    write_atomically(path, write)
 
 
 def _is_local(*paths: str) -> bool:
