@@ -4,10 +4,13 @@ The command is the Makefile's own recipe (``make -n`` prints it), run with the o
 the committed ``benchmarks/results/gpu/`` is for a GPU's results only, and a CPU run refuses to write there.
 """
 
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from tests.conftest import REPO
 
 PARTS = ["tests", "train", "kmeans", "layers", "generation"]
 COMMITTED = REPO / "benchmarks" / "results" / "gpu"
+DEVICE_RUN = REPO / "benchmarks" / "gpu_check" / "device_run.sh"
 VENV = Path(sys.executable).parent.parent  # the environment running the tests, passed to make as VENV
 
 
@@ -110,3 +114,81 @@ def test_a_cpu_run_refuses_to_write_the_committed_gpu_results(tmp_path):
     )
     assert proc.returncode != 0 and "would replace the GPU's" in proc.stderr
     assert listing(COMMITTED) == before
+
+
+def benchmark_module(name: str):
+    """A module of benchmarks/ (the driver is ``gpu_check.__main__``), for its size choice and estimates."""
+    benchmarks = str(REPO / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    return importlib.import_module(name)
+
+
+def test_the_budget_run_fits_the_device_call_and_a_long_budget_keeps_the_full_sizes():
+    driver = benchmark_module("gpu_check.__main__")
+    modules = {part: benchmark_module(f"gpu_check.part_{part}") for part in PARTS}
+    gpu = driver.torch.device("cuda")  # only compared, never used: no GPU needed
+    minutes = float(re.search(r"GPU_BUDGET_MINUTES:-([\d.]+)", DEVICE_RUN.read_text()).group(1))
+    # what device_run.sh passes: the cut-down sizes run, and their estimates leave a margin inside the budget
+    assert driver.choose_size(driver.parse_args(["--budget-minutes", str(minutes)]), gpu, modules) == "budget"
+    assert driver.estimate(modules, "budget") <= 0.95 * 60 * minutes
+    assert driver.estimate(modules, "budget") < driver.estimate(modules, "full")
+    assert driver.choose_size(driver.parse_args(["--budget-minutes", "60"]), gpu, modules) == "full"
+    assert driver.choose_size(driver.parse_args([]), gpu, modules) == "full"
+    assert driver.choose_size(driver.parse_args(["--budget-minutes", "60"]), driver.torch.device("cpu"), modules) == (
+        "tiny"
+    )
+
+
+def test_a_spent_budget_skips_every_part_without_failing(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check", "--device", "cpu", "--budget-minutes", "0", "--out", str(out)]
+        + ["--work-dir", str(tmp_path / "work")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["parts"]) == PARTS and summary["budget_minutes"] == 0
+    for part, record in summary["parts"].items():
+        assert record["status"] == "skipped" and record["headline"].startswith("skipped: budget"), part
+        assert json.loads((out / f"{part}.json").read_text())["status"] == "skipped"
+    assert "0 of 5 parts ok, 5 skipped" in proc.stdout
+
+
+def test_device_run_is_one_short_command_and_packs_its_results(tmp_path):
+    # the command the device tool is given, as the script's header documents it
+    command = re.search(r'run\(command="([^"]+)"', DEVICE_RUN.read_text()).group(1)
+    assert command == "bash benchmarks/gpu_check/device_run.sh" and len(command) <= 2000
+    out = tmp_path / "OUT"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OUT=str(out), PYTHON=sys.executable, SKIP_INSTALL="1")
+    env.update(GPU_BUDGET_MINUTES="0", GPU_CHECK_ARGS="--device cpu")
+    proc = subprocess.run(command.split(), cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # what comes back from the device: at most 8 files; here the archive and the summary
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-check.tgz", "summary.md"]
+    with tarfile.open(out / "gpu-check.tgz") as archive:
+        names = archive.getnames()
+        summary = json.load(archive.extractfile("results/summary.json"))
+    assert {"device_run.log", "results/summary.md"} <= set(names)
+    assert all(f"results/{part}.json" in names and f"results/{part}.md" in names for part in PARTS)
+    assert all(record["status"] == "skipped" for record in summary["parts"].values())
+    assert "gpu-check exit code: 0" in (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("size", ["tiny", "budget", "full"])
+def test_every_train_schedule_stops_while_a_refresh_is_in_flight(size, tmp_path):
+    """The stop/resume check only means something if a K-Means job started before the stop installs after it."""
+    common = benchmark_module("gpu_check.common")
+    train = benchmark_module("gpu_check.part_train")
+    ctx = common.Context(tmp_path, tmp_path, train.torch.device("cpu"), size == "tiny", {}, size)
+    args, updates, stop = train.schedule(ctx)
+    value = {flag: int(args[args.index(flag) + 1]) for flag in ("--cluster-update-interval", "--kmeans-swap-delay")}
+    interval, delay = value["--cluster-update-interval"], value["--kmeans-swap-delay"]
+    started = stop // interval * interval  # refreshes start at every multiple of the interval
+    assert 0 < started <= stop < started + delay <= updates, (size, interval, delay, stop, updates)
+    assert args[args.index("--save-interval-updates") + 1] == str(stop)

@@ -15,9 +15,15 @@ On a CUDA machine (about 40 minutes on one H100) it writes Markdown + JSON per p
 On a CPU the same parts run at tiny sizes (a few minutes; the test suite runs it) into a scratch directory. A part
 that fails records its error and the others still run; the exit status is 1 if any part failed.
 
-    .venv/bin/python benchmarks/gpu_check [--out DIR] [--parts tests,train,...] [--size tiny|full]
+    .venv/bin/python benchmarks/gpu_check [--out DIR] [--parts tests,train,...] [--size tiny|budget|full]
+        [--budget-minutes N]
 
 A call with ``--parts`` adds its parts to the summary an earlier call into the same ``--out`` wrote.
+
+``--budget-minutes N`` (what ``device_run.sh`` passes for a lent GPU's few minutes): each part module states its
+expected seconds per size (``ESTIMATE_S``); the full sizes are kept when all the parts fit in N minutes, else the
+cut-down "budget" sizes run. Parts run in the order given; one whose estimate no longer fits in what is left is
+recorded as "skipped" (not failed), and subprocesses are stopped when the budget is spent.
 """
 
 from __future__ import annotations
@@ -52,10 +58,36 @@ def parse_args(argv=None):
     p.add_argument("--work-dir", type=Path, help="data, checkpoints and logs (default: a temporary directory)")
     p.add_argument("--device", default="auto", help="cuda, cpu or auto (cuda when torch sees a GPU)")
     p.add_argument(
-        "--size", choices=("auto", "tiny", "full"), default="auto", help="auto: full on a GPU, tiny on a CPU"
+        "--size",
+        choices=("auto", "tiny", "budget", "full"),
+        default="auto",
+        help="auto: tiny on a CPU; on a GPU full, or budget when the full sizes do not fit --budget-minutes",
     )
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, from {','.join(PARTS)}")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--budget-minutes",
+        type=float,
+        help="run what fits in this many minutes: parts that no longer fit are recorded as skipped (default: no limit)",
+    )
+    args = p.parse_args(argv)
+    if args.budget_minutes is not None and args.budget_minutes < 0:
+        p.error(f"--budget-minutes {args.budget_minutes:g}: must be >= 0")
+    return args
+
+
+def estimate(modules: dict, size: str) -> float:
+    """Expected seconds of the given parts at ``size`` (unknown parts, e.g. one that does not import: 0)."""
+    return sum(getattr(m, "ESTIMATE_S", {}).get(size, 0) for m in modules.values() if m is not None)
+
+
+def choose_size(args, device: torch.device, modules: dict) -> str:
+    if args.size != "auto":
+        return args.size
+    if device.type != "cuda":
+        return "tiny"
+    if args.budget_minutes is None or estimate(modules, "full") <= 60 * args.budget_minutes:
+        return "full"
+    return "budget"
 
 
 def main(argv=None) -> int:
@@ -64,19 +96,31 @@ def main(argv=None) -> int:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device")
-    tiny = args.size == "tiny" or (args.size == "auto" and device.type != "cuda")
+    started = time.monotonic()
     parts = [p for p in args.parts.split(",") if p]
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:
         raise SystemExit(f"--parts: unknown part(s) {unknown}, expected some of {list(PARTS)}")
+    # imported up front for their estimates; a part that does not import reports that error in its own turn
+    modules, import_errors = {}, {}
+    for part in parts:
+        try:
+            modules[part] = importlib.import_module(PARTS[part])
+        except Exception as err:
+            modules[part], import_errors[part] = None, (err, traceback.format_exc())
+    size = choose_size(args, device, modules)
+    tiny = size == "tiny"
     out = args.out or (COMMITTED if not tiny else Path(tempfile.mkdtemp(prefix="gpu-check-")))
     if (tiny or device.type != "cuda") and out.resolve() == COMMITTED.resolve():
         raise SystemExit(f"--out {out}: CPU or tiny-sized results would replace the GPU's; pass another --out")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="gpu-check-work-"))
-    ctx = Context(out, work, device, tiny, machine(device))
+    deadline = None if args.budget_minutes is None else started + 60 * args.budget_minutes
+    ctx = Context(out, work, device, tiny, machine(device), size, deadline)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
-    print(f"gpu-check on {ctx.machine['gpu']} ({'tiny' if tiny else 'full'} sizes) -> {ctx.out_dir}", flush=True)
+    expected = estimate(modules, size)
+    budget = "" if deadline is None else f", budget {args.budget_minutes:g} min (estimate {expected:.0f} s)"
+    print(f"gpu-check on {ctx.machine['gpu']} ({size} sizes{budget}) -> {ctx.out_dir}", flush=True)
 
     # parts of an earlier call into the same --out stay in the summary: a GPU lent for a few minutes at a time runs
     # the parts in several calls (`--parts tests,kmeans,layers`, then `--parts train,generation`)
@@ -84,9 +128,21 @@ def main(argv=None) -> int:
     summary = json.loads(earlier.read_text())["parts"] if earlier.exists() else {}
     for part in parts:
         start, title = time.perf_counter(), part
-        print(f"[{part}] ...", flush=True)
+        module = modules[part]
+        expected = getattr(module, "ESTIMATE_S", {}).get(size, 0)
+        if ctx.seconds_left() < expected or ctx.seconds_left() <= 0:
+            # not a failure: the part was not started, so that the run ends inside its budget
+            why = f"skipped: budget ({max(ctx.seconds_left(), 0):.0f} s left, the part needs about {expected:.0f} s)"
+            record = {"status": "skipped", "headline": why, "estimate_s": expected, "seconds": 0.0}
+            write_part(ctx, part, getattr(module, "TITLE", part), record, why)
+            summary[part] = {k: record.get(k) for k in ("status", "headline", "error", "seconds")}
+            print(f"[{part}] {why}", flush=True)
+            continue
+        print(f"[{part}] ... (about {expected:.0f} s)" if deadline is not None else f"[{part}] ...", flush=True)
         try:
-            module = importlib.import_module(PARTS[part])
+            if module is None:
+                err, trace = import_errors[part]
+                raise RuntimeError(f"{PARTS[part]} does not import: {type(err).__name__}: {err}\n{trace}")
             title = module.TITLE
             record, markdown = module.run(ctx)
         except Exception as err:  # a part that breaks must not stop the others: its error is its result
@@ -98,22 +154,25 @@ def main(argv=None) -> int:
         summary[part] = {k: record.get(k) for k in ("status", "headline", "error", "seconds")}
         print(f"[{part}] {record['status']} in {record['seconds']} s: {record.get('headline') or ''}", flush=True)
 
-    failed = [p for p in parts if summary[p]["status"] != "ok"]
-    (ctx.out_dir / "summary.json").write_text(
-        json.dumps({"machine": ctx.machine, "size": "tiny" if tiny else "full", "parts": summary}, indent=2) + "\n"
-    )
+    failed = [p for p in parts if summary[p]["status"] not in ("ok", "skipped")]
+    skipped = [p for p in parts if summary[p]["status"] == "skipped"]
+    record = {"machine": ctx.machine, "size": size, "budget_minutes": args.budget_minutes, "parts": summary}
+    (ctx.out_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
         f"- **{p}** ({r['status']}, {r['seconds']} s): {r.get('headline') or r.get('error') or ''}"
         for p, r in summary.items()
     ]
-    command = "make gpu-check" + (
-        "" if ctx.out_dir.resolve() == COMMITTED.resolve() else f" GPU_CHECK_OUT={ctx.out_dir}"
+    command = (
+        "make gpu-check"
+        + ("" if ctx.out_dir.resolve() == COMMITTED.resolve() else f" GPU_CHECK_OUT={ctx.out_dir}")
+        + ("" if deadline is None else f" GPU_CHECK_ARGS='--budget-minutes {args.budget_minutes:g}'")
     )
     (ctx.out_dir / "summary.md").write_text(
-        f"# gpu-check summary\n\n{machine_line(ctx.machine)}\n\n`{command}` ({'tiny' if tiny else 'full'} sizes); "
+        f"# gpu-check summary\n\n{machine_line(ctx.machine)}\n\n`{command}` ({size} sizes{budget}); "
         f"one file per part beside this one.\n\n" + "\n".join(lines) + "\n"
     )
-    print(f"gpu-check: {len(parts) - len(failed)} of {len(parts)} parts ok; results in {ctx.out_dir}", flush=True)
+    ok = len(parts) - len(failed) - len(skipped)
+    print(f"gpu-check: {ok} of {len(parts)} parts ok, {len(skipped)} skipped; results in {ctx.out_dir}", flush=True)
     return 1 if failed else 0
 
 

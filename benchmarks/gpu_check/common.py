@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +32,21 @@ class Context:
     device: torch.device
     tiny: bool  # CPU-sized cases (what the test suite runs)
     machine: dict  # `machine()`: written into every file
+    size: str = ""  # "tiny", "budget" (cut to fit --budget-minutes) or "full"; "" means tiny or full as `tiny` says
+    deadline: float | None = None  # time.monotonic() at which --budget-minutes is spent; None: no budget
+
+    @property
+    def budget(self) -> bool:
+        """True when the parts run their cut-down sizes (chosen so that the run fits --budget-minutes)."""
+        return self.size == "budget"
+
+    def seconds_left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def timeout(self, seconds: float) -> float:
+        """``seconds``, or less when the budget ends sooner: a subprocess is stopped when the budget is spent (with a
+        short grace for it to write its logs), so that the whole run stays inside the device call that runs it."""
+        return max(1.0, min(seconds, self.seconds_left() + 30))
 
 
 def gpu_driver() -> str:
@@ -118,9 +134,18 @@ def time_step(step, device: torch.device, warmup: int, repeats: int) -> list[flo
     return times
 
 
+def find_tool(name: str) -> str:
+    """A console script beside this interpreter (a virtual environment's bin/) or else on PATH (on the lent GPU
+    machine the bundle's scripts are installed into /tmp/site/bin, which device_run.sh puts on PATH)."""
+    found = shutil.which(name, path=os.pathsep.join([str(BIN), os.environ.get("PATH", "")]))
+    if found is None:
+        raise FileNotFoundError(f"{name}: not beside {sys.executable} nor on PATH; install fairseq (make venv)")
+    return found
+
+
 def run_tool(args: list, log: Path, timeout: float, env: dict | None = None) -> tuple[int, str]:
     """Run a console script of this environment (fairseq-train, ...) or ``python``; output to ``log`` and back."""
-    tool = sys.executable if args[0] == "python" else str(BIN / args[0])
+    tool = sys.executable if args[0] == "python" else find_tool(args[0])
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -150,7 +175,7 @@ def lm_data(ctx: Context) -> Path:
         ["fairseq-preprocess", "--only-source", "--trainpref", text / "train.txt", "--validpref", text / "valid.txt"]
         + ["--testpref", text / "test.txt", "--destdir", dest, "--workers", "1"],
         ctx.work_dir / "logs" / "preprocess.log",
-        timeout=600,
+        timeout=ctx.timeout(600),
     )
     if code != 0:
         raise RuntimeError(f"fairseq-preprocess failed ({code}): {out[-2000:]}")

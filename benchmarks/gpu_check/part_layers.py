@@ -25,6 +25,9 @@ OURS = {"window": "window", "cluster-strict": "cluster-strict", "cluster-paper":
 OURS["cluster-strict next values"] = "cluster-strict+next"
 WINDOW_KINDS = ("window", *IMPLEMENTATIONS)  # the sliding-window layers the target compares against
 TARGET_RATIO, LINEAR_SLACK = 1.25, 1.25
+# expected seconds per size: full is 7 kinds x 3 T x 2 precisions, 8 passes each, and FlexAttention compiles once per
+# T and precision; budget keeps the shortest and the longest T in bf16 only (the target's precision), 5 passes each
+ESTIMATE_S = {"tiny": 30, "budget": 80, "full": 600}
 
 
 def shape(ctx: Context) -> argparse.Namespace:
@@ -33,7 +36,10 @@ def shape(ctx: Context) -> argparse.Namespace:
         values.update(warmup=1, repeats=2)
     else:
         values = dict(dim=512, heads=8, ffn=2048, window=256, stride=128, clusters=512, groups=6)
-        values.update(lengths=[3072, 12288, 32768], warmup=2, repeats=5)
+        if ctx.budget:
+            values.update(lengths=[3072, 32768], warmup=1, repeats=3)
+        else:
+            values.update(lengths=[3072, 12288, 32768], warmup=2, repeats=5)
     return argparse.Namespace(dropout=0.0, attention_dropout=0.0, long_range_values="own", **values)
 
 
@@ -76,6 +82,8 @@ def run_case(ctx: Context, kind: str, length: int, precision: str, args) -> dict
     why = unavailable(kind, ctx.device, precision == "bf16") if kind in IMPLEMENTATIONS else ""
     if why:
         return {**case, "skipped": why}
+    if ctx.seconds_left() <= 0:
+        return {**case, "skipped": "skipped: budget spent"}
     try:
         return {**case, **measure(ctx, kind, length, precision, args)}
     except torch.cuda.OutOfMemoryError:
@@ -116,7 +124,8 @@ def analyse(cases: list[dict], args, precision: str, full: bool) -> dict:
 
 def run(ctx: Context) -> tuple[dict, str]:
     args = shape(ctx)
-    precisions = ["fp32", "bf16"] if ctx.device.type == "cuda" else ["fp32"]
+    # bf16 is the precision the targets are read in; a budget run measures only that one
+    precisions = (["bf16"] if ctx.budget else ["fp32", "bf16"]) if ctx.device.type == "cuda" else ["fp32"]
     cases = [
         run_case(ctx, kind, length, precision, args)
         for precision in precisions

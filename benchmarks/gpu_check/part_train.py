@@ -20,6 +20,9 @@ from gpu_check.common import PACKAGE, Context, lm_data, markdown_escape, run_too
 NAME = "train"
 TITLE = "fairseq-train in half precision: K-Means refreshes, stop and exact resume"
 PRECISIONS = ["--fp16", "--memory-efficient-fp16", "--amp"]
+# expected seconds per size: full starts fairseq-train 9 times (3 flags x straight, first, resume) for 3 x 600 updates
+# of the paper's shapes; budget keeps the 9 starts (~15 s each: imports, CUDA, data) but runs 3 x 80 updates
+ESTIMATE_S = {"tiny": 60, "budget": 150, "full": 1200}
 # wall-clock durations the task state records (a K-Means job's run time): they differ from run to run by nature
 TIMINGS = {"seconds"}
 CPU_SKIPS = {"--fp16": "fails inside fairseq 0.12's FP16 optimizer on a CPU", "--amp": "needs CUDA"}
@@ -38,13 +41,15 @@ def schedule(ctx: Context) -> tuple[list[str], int, int]:
     else:
         # the paper's enwik8 layer shapes (512 dims, 8 heads, FFN 2048, windows 256 / stride 128, 3,072 tokens),
         # 4 layers of which 2 are Cluster-Former layers with 512 clusters
-        updates, stop = 300, 148
+        updates, stop = (40, 28) if ctx.budget else (300, 148)
         shape = ["--arch", "clusterformer_lm_enwik8", "--decoder-layers", "4", "--long-range-layers", "2,4"]
         shape += ["--num-clusters", "512", "--window-size", "256", "--window-stride", "128"]
         shape += ["--tokens-per-sample", "3072", "--batch-size", "2", "--lr", "0.0005"]
         shape += ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "50", "--clip-norm", "0.5"]
         refresh = ["--memory-size", "20000", "--memory-sample-per-batch", "2048", "--kmeans-iters", "10"]
-        refresh += ["--cluster-update-interval", "73", "--kmeans-swap-delay", "4"]  # 146 starts, installs at 150
+        # a refresh starts at every multiple of the interval and installs 4 updates later: in flight at the stop
+        interval = "13" if ctx.budget else "73"  # budget: 26 starts, installs at 30; full: 146 starts, installs at 150
+        refresh += ["--cluster-update-interval", interval, "--kmeans-swap-delay", "4"]
     return [*common, *shape, *refresh, "--save-interval-updates", str(stop)], updates, stop
 
 
@@ -98,7 +103,7 @@ def run_precision(ctx: Context, data, flag: str) -> dict:
     for name, (max_update, save) in runs.items():
         command = ["fairseq-train", data, *args, flag, "--max-update", str(max_update), "--save-dir", base / save]
         start = time.perf_counter()
-        code, out = run_tool(command, base / f"{name}.log", timeout=1800)
+        code, out = run_tool(command, base / f"{name}.log", timeout=ctx.timeout(1800))
         record[name] = {"exit_code": code, "seconds": round(time.perf_counter() - start, 1), **last_log(out)}
         if code != 0:
             record["error"] = f"{name} run exited {code}: " + " | ".join(out.strip().splitlines()[-4:])
@@ -123,9 +128,13 @@ def run_precision(ctx: Context, data, flag: str) -> dict:
 def run(ctx: Context) -> tuple[dict, str]:
     data = lm_data(ctx)
     results = []
+    per_flag = ESTIMATE_S[ctx.size or ("tiny" if ctx.tiny else "full")] / len(PRECISIONS)
     for flag in PRECISIONS:
         if ctx.device.type != "cuda" and flag in CPU_SKIPS:
             results.append({"flag": flag, "skipped": f"skipped on cpu: {CPU_SKIPS[flag]}"})
+            continue
+        if ctx.seconds_left() < per_flag:
+            results.append({"flag": flag, "skipped": f"skipped: budget ({max(ctx.seconds_left(), 0):.0f} s left)"})
             continue
         results.append(run_precision(ctx, data, flag))
     ran = [r for r in results if "skipped" not in r]

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# `make gpu-bundle`: every wheel the lent GPU machine lacks to run `make gpu-check`, in .gpu-bundle/ (git-ignored).
+#
+# That machine has Python 3.12 with torch 2.11 and numpy 2.x but no fairseq and no network
+# (/work/.library/device/README.md); `benchmarks/gpu_check/device_run.sh` installs this folder there. It holds:
+#   fairseq-fixed 0.12.3.1     built here for cp312: only its Cython/C extensions are compiled (see TORCH_STUB)
+#   hydra-core, omegaconf, antlr4-python3-runtime, bitarray
+#                              what `import fairseq` needs that the machine's image lacks (cffi, sklearn, scipy,
+#                              sacrebleu, regex, tqdm, yaml are there; fairseq imports no cffi)
+#   fairseq_clusterformer      this project's wheel, for its console scripts (the tree's code still wins: device_run.sh
+#                              puts the repository first on PYTHONPATH)
+#   numpy1/numpy 1.26.4        in a folder of its own: fairseq calls np.compat.long, gone in numpy 2, so device_run.sh
+#                              puts numpy 1.26 first when the machine's torch, scipy and sklearn import with it
+# faiss is not bundled (too large; the GPU's default K-Means backend is torch).
+#
+#   bash benchmarks/gpu_check/bundle.sh [DEST]     (PY312=/path/to/python3.12 to use another interpreter)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+DEST=$(realpath -m "${1:-$REPO/.gpu-bundle}")
+PY312=${PY312:-/root/.pyenv/versions/3.12.1/bin/python3.12}
+BUILD_VENV=${BUILD_VENV:-/tmp/py312-build}
+FAIRSEQ=fairseq-fixed==0.12.3.1
+# The Cython extensions are compiled against numpy 2 headers: such a module also loads under numpy 1.26 (numpy 2
+# builds target the older C API by default), while one built against numpy 1 refuses to load under numpy 2. So the
+# same wheel serves both numpy choices of device_run.sh.
+BUILD_NUMPY=numpy==2.2.6
+# Versions as in this project's own Python 3.11 environment (.venv), where the test suite passes.
+PURE=(hydra-core==1.3.2 omegaconf==2.3.0)
+BINARY=(bitarray==3.12.3)
+NUMPY1=numpy==1.26.4
+PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+
+"$PY312" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' ||
+  { echo "bundle.sh: PY312=$PY312 is not Python 3.12" >&2; exit 1; }
+export MAX_JOBS=1 OMP_NUM_THREADS=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+test -x "$BUILD_VENV/bin/python" || "$PY312" -m venv "$BUILD_VENV"
+PIP=("$BUILD_VENV/bin/python" -m pip)
+"${PIP[@]}" install -q "$BUILD_NUMPY" cython setuptools wheel
+if "$BUILD_VENV/bin/python" -c 'import torch' 2>/dev/null; then
+  echo "bundle.sh: $BUILD_VENV has torch; use a venv without it (BUILD_VENV=...)" >&2
+  exit 1
+fi
+
+rm -rf "$DEST"
+mkdir -p "$DEST/numpy1"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+# TORCH_STUB: fairseq-fixed's setup.py imports torch.utils.cpp_extension unconditionally, for three C++ extensions
+# built against torch (libbase, libnat, alignment_train) that language modelling and QA never import. A stub torch
+# lets setup.py run without a real one; its extensions are optional, so they fail to compile (no torch headers) and
+# are left out, while libbleu and the two Cython modules are built as usual.
+mkdir -p "$WORK/stub/torch/utils"
+touch "$WORK/stub/torch/__init__.py" "$WORK/stub/torch/utils/__init__.py"
+cat >"$WORK/stub/torch/utils/cpp_extension.py" <<'EOF'
+from setuptools import Extension
+from setuptools.command.build_ext import build_ext as BuildExtension
+
+
+def CppExtension(name, sources, **kwargs):
+    return Extension(name, sources, optional=True, **kwargs)
+EOF
+echo "== $FAIRSEQ (cp312, extensions compiled here)"
+PYTHONPATH="$WORK/stub" "${PIP[@]}" wheel -q --no-deps --no-build-isolation --no-binary fairseq-fixed \
+  -w "$DEST" "$FAIRSEQ" 2>&1 | grep -v -e "is ignored" -e "^\s*$" | tail -5 || true
+ls "$DEST"/fairseq_fixed-*.whl >/dev/null
+
+echo "== ${PURE[*]} ${BINARY[*]}"
+"${PIP[@]}" download -q --no-deps "${PLATFORM[@]}" -d "$DEST" "${PURE[@]}" "${BINARY[@]}" 2>&1 | grep -v "is ignored" || true
+echo "== $NUMPY1"
+"${PIP[@]}" download -q --no-deps "${PLATFORM[@]}" -d "$DEST/numpy1" "$NUMPY1" 2>&1 | grep -v "is ignored" || true
+# antlr4 4.9.3 (what omegaconf 2.3 and hydra 1.3 pin) is published as an sdist only: a pure-Python wheel is built
+echo "== antlr4-python3-runtime==4.9.3"
+"${PIP[@]}" wheel -q --no-deps --no-build-isolation -w "$DEST" antlr4-python3-runtime==4.9.3 2>&1 | grep -v "is ignored" || true
+
+# the project's wheel, built from a copy so that no build/ or *.egg-info lands in the shared tree
+echo "== fairseq_clusterformer (this tree)"
+mkdir -p "$WORK/project"
+cp "$REPO/setup.py" "$REPO/pyproject.toml" "$REPO/README.md" "$REPO/LICENSE" "$WORK/project/"
+cp -r "$REPO/fairseq_clusterformer" "$WORK/project/"
+find "$WORK/project" -name __pycache__ -prune -exec rm -rf {} +
+"${PIP[@]}" wheel -q --no-deps --no-build-isolation -w "$DEST" "$WORK/project" 2>&1 | grep -v "is ignored" || true
+
+for name in fairseq_fixed hydra_core omegaconf antlr4_python3_runtime bitarray fairseq_clusterformer numpy1/numpy; do
+  ls "$DEST/$name"-*.whl >/dev/null 2>&1 || { echo "bundle.sh: no $name wheel in $DEST" >&2; exit 1; }
+done
+ls -l "$DEST" "$DEST/numpy1"
+size=$(du -sm "$DEST" | cut -f1)
+echo "gpu-bundle: $(find "$DEST" -name '*.whl' | wc -l) wheels, ${size} MiB in $DEST"
+if [ "$size" -gt 45 ]; then
+  echo "bundle.sh: ${size} MiB is over the 45 MiB the device call leaves for it" >&2
+  exit 1
+fi

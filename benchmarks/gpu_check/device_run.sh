@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The one command for the lent GPU machine (/work/.library/device/README.md): `make gpu-check` within its budget.
+#
+#   device tool: run(command="bash benchmarks/gpu_check/device_run.sh", carry=[".gpu-bundle"], timeout_s=600)
+#
+# First `make gpu-bundle` here (the wheels that machine lacks). There it installs the bundle into /tmp/site, prints
+# nvidia-smi, runs the driver with --budget-minutes (parts that no longer fit are recorded as skipped), and packs
+# every result and log into $OUT/gpu-check.tgz, with $OUT/summary.md beside it (files back: at most 8). A failing
+# step is reported and the next one still runs; the archive is made whatever happened.
+#
+# Overrides: PYTHON (default python3: the machine's torch), BUNDLE (default .gpu-bundle), SKIP_INSTALL=1 (a local dry
+# run with an environment that has fairseq already), GPU_BUDGET_MINUTES (default 8), GPU_CHECK_ARGS (more driver
+# options, e.g. "--device cpu --size tiny"), OUT (default /tmp/gpu-check-device-out where the tool sets none).
+cd "$(dirname "$0")/../.." || exit 1
+REPO=$(pwd)
+PYTHON=${PYTHON:-python3}
+BUNDLE=${BUNDLE:-$REPO/.gpu-bundle}
+BUDGET=${GPU_BUDGET_MINUTES:-8}
+OUT=${OUT:-/tmp/gpu-check-device-out}
+SITE=${SITE:-/tmp/site}
+RUN=$(mktemp -d /tmp/gpu-check-run.XXXX)
+mkdir -p "$OUT" "$RUN/results" "$RUN/work"
+LOG=$RUN/device_run.log
+exec > >(tee "$LOG") 2>&1
+step() { echo "== $(date -u +%H:%M:%S) $*"; }
+
+step "install the bundle ($BUNDLE) into $SITE"
+export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH}
+if [ "${SKIP_INSTALL:-0}" = 1 ]; then
+  echo "SKIP_INSTALL=1: using $PYTHON's own packages"
+else
+  pip_in() { "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$@"; }
+  pip_in "$SITE" "$BUNDLE"/*.whl || echo "install FAILED (exit $?)"
+  pip_in "$SITE-numpy1" "$BUNDLE"/numpy1/*.whl || echo "numpy 1.26 install FAILED (exit $?)"
+  export PATH=$SITE/bin:$PATH
+  # fairseq calls np.compat.long (gone in numpy 2): numpy 1.26 goes first when the machine's torch, scipy and
+  # sklearn (which `import fairseq` loads) work with it; else the machine's numpy 2 (fairseq's extensions in the
+  # bundle load under both), and only the np.compat paths (--sample-break-mode eos) would fail
+  PROBE='import numpy, torch, scipy.stats, sklearn.metrics, fairseq, fairseq_clusterformer, hydra, bitarray
+print("numpy", numpy.__version__, "torch", torch.__version__, "fairseq", fairseq.__version__, "from", fairseq.__file__)'
+  if PYTHONPATH=$REPO:$SITE-numpy1:$SITE "$PYTHON" -c "$PROBE"; then
+    export PYTHONPATH=$REPO:$SITE-numpy1:$SITE
+  else
+    echo "numpy 1.26 does not work with this image (above): the image's numpy is kept"
+    export PYTHONPATH=$REPO:$SITE
+    "$PYTHON" -c "$PROBE" || echo "import check FAILED: the parts that need fairseq will fail"
+  fi
+fi
+echo "PYTHONPATH=$PYTHONPATH"
+echo "fairseq-train: $(command -v fairseq-train || echo "not on PATH (the driver also looks beside $PYTHON)")"
+
+step "nvidia-smi"
+nvidia-smi 2>&1 | tee "$RUN/nvidia-smi.txt" || echo "nvidia-smi FAILED"
+
+step "gpu-check --budget-minutes $BUDGET"
+# stopped a minute past its budget at the latest, so that the packing below still runs inside the device call
+limit=$(awk -v m="$BUDGET" 'BEGIN { printf "%d", m * 60 + 60 }')
+# shellcheck disable=SC2086  # GPU_CHECK_ARGS is a list of options
+PYTHONUNBUFFERED=1 timeout -k 10 "$limit" "$PYTHON" benchmarks/gpu_check --out "$RUN/results" \
+  --work-dir "$RUN/work" --budget-minutes "$BUDGET" ${GPU_CHECK_ARGS:-}
+code=$?
+step "gpu-check exit $code"
+
+step "pack into $OUT"
+# results, logs and small records; not the checkpoints and binarised data of the work dir
+(cd "$RUN/work" && find . -type f \( -name '*.log' -o -name '*.xml' -o -name '*.jsonl' \) -size -4M) >"$RUN/list"
+tar czf "$OUT/gpu-check.tgz" -C "$RUN" results nvidia-smi.txt device_run.log \
+  $(sed 's|^\./|work/|' "$RUN/list") 2>&1 || echo "tar exit $? (a log still being written is reported as changed)"
+if [ -f "$RUN/results/summary.md" ]; then
+  cp "$RUN/results/summary.md" "$OUT/summary.md"
+else
+  printf '# gpu-check summary\n\nNo summary: gpu-check exited %s. See device_run.log in gpu-check.tgz.\n' "$code" \
+    >"$OUT/summary.md"
+fi
+printf '\ngpu-check exit code: %s; budget %s min; archive gpu-check.tgz (results/, work/ logs, device_run.log).\n' \
+  "$code" "$BUDGET" >>"$OUT/summary.md"
+ls -l "$OUT"
+exit "$code"
