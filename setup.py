@@ -30,6 +30,7 @@ setup(
             "fairseq-clusterformer-qa-convert = fairseq_clusterformer.scripts.qa.qa_convert:cli_main",
             "fairseq-clusterformer-qa-binarize = fairseq_clusterformer.scripts.qa.qa_binarize:cli_main",
             "fairseq-clusterformer-qa-predict = fairseq_clusterformer.scripts.qa.qa_predict:cli_main",
+            "fairseq-clusterformer-qa-reach = fairseq_clusterformer.scripts.qa.qa_reach:cli_main",
             "fairseq-clusterformer-train-spm = fairseq_clusterformer.scripts.qa.train_sentencepiece:cli_main",
             "fairseq-clusterformer-import-hf = fairseq_clusterformer.scripts.qa.import_hf:cli_main",
         ],

@@ -10,6 +10,8 @@ windows of a sorted sequence (paper causality) and the strict mode's bands.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -52,6 +54,28 @@ def attended_pairs(q_pos: Tensor, k_pos: Tensor, allowed: Tensor, length: int, v
     return pairs
 
 
+def attended_rows(
+    q_pos: Tensor, k_pos: Tensor, allowed: Tensor, length: int, rows: Tensor, valid: Tensor | None = None
+) -> Tensor:
+    """``attended_pairs(...)[:, rows]`` without building the B x T x T matrix: B x N x T bool, ``[b, n, j]`` = the
+    query at position ``rows[n]`` sees key j. rows: N distinct positions in [0, length); the other arguments as in
+    ``attended_pairs``. For the few query positions of a long sequence (a question's tokens among 10k context ones).
+    """
+    device = allowed.device
+    row_of = torch.full((length + 1,), -1, dtype=torch.long, device=device)  # T+1: position -> row, -1 = not asked
+    row_of[rows] = torch.arange(rows.numel(), device=device)
+    q_real = (q_pos >= 0) & (q_pos < length)  # B x K x Lq
+    q_row = torch.where(q_real, row_of[q_pos.clamp(0, length)], -1)  # B x K x Lq: padded slots are never rows
+    k_real = (k_pos >= 0) & (k_pos < length)  # B x K x Lk
+    hits = allowed & (q_row >= 0).unsqueeze(-1) & k_real.unsqueeze(-2)  # B x K x Lq x Lk
+    b, k, qi, kj = torch.nonzero(hits, as_tuple=True)
+    pairs = torch.zeros(allowed.size(0), rows.numel(), length, dtype=torch.bool, device=device)  # B x N x T
+    pairs[b, q_row[b, k, qi], k_pos[b, k, kj]] = True
+    if valid is not None:
+        pairs &= valid[:, rows].unsqueeze(-1) & valid.unsqueeze(-2)
+    return pairs
+
+
 def next_value_reads(pairs: Tensor) -> Tensor:
     """The states whose values a ``--long-range-values next`` layer reads, from its key pairs (... x T x T bool,
     ``[i, j]`` = query i sees key j): an earlier key j gives the value of j + 1, the query's own key its own."""
@@ -81,3 +105,56 @@ def fraction_beyond(distances: Tensor, reach: int) -> float:
     if distances.numel() == 0:
         return 0.0
     return float((distances > reach).float().mean())
+
+
+def keys_inside(pairs: Tensor, queries: Tensor, sets: Sequence[Sequence[Tensor]]) -> Tensor:
+    """How many attended (query, key) pairs of ``pairs`` have their query in ``queries`` and their key in every key
+    set of ``sets[m]`` (an empty entry: every key): a B x M LongTensor, one column per entry of ``sets``.
+
+    pairs: B x N x T (``[b, i, j]`` = query i sees key j, as ``attended_pairs`` gives it, N = T; or only some of
+    its query rows, as ``attended_rows`` gives them); queries: B x N bool; each key set B x T bool (one set for every
+    query, e.g. a paragraph) or B x N x T bool (a set per query, e.g. outside the query's own sliding window). A
+    share of keys inside a span is ``keys_inside(.., [[span], []])``'s first column over its second. The pairs are
+    listed once and every set is read at them: no B x N x T temporaries, which a 10k-token sequence makes slow.
+    """
+    b, i, j = torch.nonzero(pairs & queries.unsqueeze(-1), as_tuple=True)  # one entry per counted pair
+    counts = []
+    for key_sets in sets:
+        hit = torch.ones_like(b, dtype=torch.bool)
+        for keys in key_sets:
+            hit &= keys[b, j] if keys.dim() == 2 else keys[b, i, j]
+        counts.append(torch.bincount(b[hit], minlength=pairs.size(0)))  # B
+    return torch.stack(counts, dim=1) if counts else b.new_zeros(pairs.size(0), 0)
+
+
+def span_mask(length: int, spans: list[tuple[int, int]]) -> Tensor:
+    """T bool, True at the positions of the half-open ``[start, stop)`` spans (overlaps count once)."""
+    mask = torch.zeros(length, dtype=torch.bool)
+    for start, stop in spans:
+        if not 0 <= start <= stop <= length:
+            raise ValueError(f"span [{start}, {stop}) does not fit in {length} positions")
+        mask[start:stop] = True
+    return mask
+
+
+def paragraphs_of(starts: list[int], length: int, positions: list[int]) -> list[tuple[int, int]]:
+    """The half-open ``[start, stop)`` paragraphs that hold ``positions``, each once, in order: paragraph p runs from
+    its marker ``starts[p]`` to the next marker (or ``length``). A position before the first marker has none."""
+    found = []
+    for p, start in enumerate(starts):
+        stop = starts[p + 1] if p + 1 < len(starts) else length
+        if any(start <= position < stop for position in positions):
+            found.append((start, stop))
+    return found
+
+
+def size_summary(sizes: Tensor) -> tuple[float, float, int]:
+    """(entropy of the size histogram in bits, the largest cluster's share, how many clusters are empty) of
+    ``cluster_sizes`` output (P counts); a histogram of no tokens has entropy 0 and largest share 0."""
+    total = int(sizes.sum())
+    empty = int((sizes == 0).sum())
+    if total == 0:
+        return 0.0, 0.0, empty
+    probs = sizes.double() / total
+    entropy = -(probs * torch.log2(probs.clamp(min=1e-300))).sum()  # an empty cluster adds 0 * log 0 = 0
+    return float(entropy), float(probs.max()), empty
