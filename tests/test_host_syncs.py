@@ -1,4 +1,4 @@
-"""No host syncs in a training step, a generation step or a QA forward (issue 25, item 3).
+"""No host syncs in a training step, a generation step or a QA forward.
 
 On a GPU every scalar read (``int(t)``, ``.item()``), boolean-mask index (``aten.nonzero``), data-dependent shape
 (``bincount``, ``masked_select``) and device-to-host copy makes the CPU wait until the GPU's queue drains. A

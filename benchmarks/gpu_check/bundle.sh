@@ -2,7 +2,7 @@
 # `make gpu-bundle`: every wheel the lent GPU machine lacks to run `make gpu-check`, in .gpu-bundle/ (git-ignored).
 #
 # That machine has Python 3.12 with torch 2.11 and numpy 2.x but no fairseq and no network
-# (/work/.library/device/README.md); `benchmarks/gpu_check/device_run.sh` installs this folder there. It holds:
+# (the development machines' device tool); `benchmarks/gpu_check/device_run.sh` installs this folder there. It holds:
 #   fairseq-fixed 0.12.3.1     built here for cp312: only its Cython/C extensions are compiled (see TORCH_STUB)
 #   hydra-core, omegaconf, antlr4-python3-runtime, bitarray
 #                              what `import fairseq` needs that the machine's image lacks (cffi, sklearn, scipy,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one command for the lent GPU machine (/work/.library/device/README.md): `make gpu-check` within its budget.
+# The one command for the lent GPU machine (lent through the development machines' device tool): `make gpu-check` within its budget.
 #
 #   device tool: run(command="bash benchmarks/gpu_check/device_run.sh", carry=[".gpu-bundle"], timeout_s=600)
 #
