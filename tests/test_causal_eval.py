@@ -83,8 +83,9 @@ def test_plain_pass_is_fairseq_eval_lm_and_only_paper_mode_leaks(causality, chec
         assert abs(result["gap_nats"]) < 1e-4, result
         assert result["max_abs_token_gap_nats"] < 1e-3, result
     else:
-        # (c) the leak: later tokens move the paper-mode predictions, the mean loss by far more than float noise
-        assert abs(result["gap_nats"]) > 5e-4, result
+        # (c) the leak: later tokens move the paper-mode predictions far more than float noise (strict: < 1e-3 at
+        # most). Per token, not the signed mean: the leak moves log-probs both ways, so the mean gap of a tiny model
+        # depends on its training run (0.00044 nats with torch 2.0.1 / fairseq 0.12.2, more with torch 2.13)
         assert result["mean_abs_token_gap_nats"] > 2e-3 and result["max_abs_token_gap_nats"] > 2e-2, result
 
 
