@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.conftest import BIN, REPO
 
@@ -130,3 +131,46 @@ def test_prepare_binarises_a_folder_for_fairseq(tmp_path):
     proc = subprocess.run(["bash", str(PREPARE), "--bogus"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)  # fmt: skip
     assert proc.returncode == 2 and "--data DIR" in proc.stdout
+
+
+@pytest.mark.e2e
+def test_compare_trains_scores_and_reports_every_run_once(tmp_path):
+    # examples/code/compare.sh at a tiny scale on a tiny corpus: every kind it names is trained, scored on the whole
+    # test split, cluster-paper also token by token; a second call finds everything done and trains nothing
+    sources = make_sources(tmp_path / "src", files=400)  # a valid and a test split of several samples
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", WINDOW="8", TOKENS="64", BATCH="8",
+               CLUSTERS="4", UPDATES="2", CAUSAL_BLOCKS="1")  # fmt: skip
+    work = tmp_path / "work"
+    proc = subprocess.run(["bash", str(PREPARE), "--data", str(sources), "--out", str(work)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    runs = ["full-s1", "none-s1", "cluster-strict-next-s1", "cluster-paper-s1"]
+    compare = ["bash", str(REPO / "examples" / "code" / "compare.sh"), "--work", str(work)]
+    proc = subprocess.run([*compare, *runs], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=1200)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    test_tokens = None
+    for run in runs:
+        result = json.loads((work / "results" / "code" / f"{run}.json").read_text())
+        assert result["reach"] == 4 * 7  # full attention scored in the windowed models' buckets
+        test_tokens = test_tokens or result["total"]["tokens"]
+        assert result["total"]["tokens"] == test_tokens  # the whole split, the same tokens for every kind
+        checkpoint = torch.load(work / "ckpt" / run / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+        assert checkpoint["optimizer_history"][-1]["num_updates"] == 2
+    assert checkpoint["cfg"]["model"]["cluster_causality"] == "paper"
+    values = torch.load(work / "ckpt" / "cluster-strict-next-s1" / "checkpoint_last.pt", weights_only=False)
+    assert values["cfg"]["model"]["long_range_values"] == "next"
+    causal = json.loads((work / "causal" / "cluster-paper-s1.json").read_text())
+    assert 0 < causal["plain"]["tokens"] == causal["causal"]["tokens"] <= 64  # one block (CAUSAL_BLOCKS=1)
+    table = (work / "report" / "results.md").read_text()
+    for kind in ("full", "none", "cluster-strict-next", "cluster-paper"):
+        assert f"| {kind} |" in table
+    assert (work / "report" / "loss_by_distance.png").is_file()
+    again = subprocess.run([*compare, *runs], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=600)  # fmt: skip
+    assert again.returncode == 0 and "training" not in again.stdout and "scoring" not in again.stdout, again.stdout
+    bad = subprocess.run([*compare, "dense-s1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert bad.returncode == 2 and "RUN must be KIND-sSEED" in bad.stdout
+    empty = subprocess.run([*compare[:-1], str(tmp_path), "none-s1"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert empty.returncode == 2 and "run examples/code/prepare.sh --out" in empty.stdout

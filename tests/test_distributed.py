@@ -1,9 +1,8 @@
 """Two ranks over gloo on CPU: rank 0 alone holds the memory banks, equal to one process's, every rank the same
 centroids; a run saved on two ranks resumes exactly on one, and a run saved by one process on two.
 
-Both ways of filling the banks: every micro-batch's states sent to rank 0, and sharded banks (every rank keeps
-its own states, merged on rank 0 by ``LayerBanks.gather`` before a refresh and before a save, as the task calls
-it): the merged bank must be the same."""
+The banks are sharded (every rank keeps its own states, merged on rank 0 by ``LayerBanks.gather`` before a refresh
+and before a save, as the task calls it): the merged bank must be the one process's."""
 
 import pytest
 import torch
@@ -26,14 +25,13 @@ def rank_states(rank, update):
     return states
 
 
-def make(delay, sharded=False, sample=40):
+def make(delay, sample=40):
     layer = ClusterFormerLayer(LayerSettings(DIM, 16, 2, 4, 2), CLUSTERS).train()
     settings = RefreshSettings(
         memory_size=150, sample_per_batch=sample, interval=1, iters=10, backend="torch", seed=7, swap_delay=delay
     )
     refresher = CentroidRefresher(settings)
     refresher.attach(layer)
-    refresher.banks.sharded = sharded
     return layer, refresher
 
 
@@ -41,7 +39,7 @@ def run(layer, refresher, parts_of_update, updates):
     """`parts_of_update(u)` gives the micro-batches this process runs in update u; returns the centroids after each."""
     history = []
     for update in updates:
-        refresher.banks.gather()  # every update is due for a refresh here (a no-op unless sharded on 2 ranks)
+        refresher.banks.gather()  # every update is due for a refresh here (a no-op in one process)
         refresher.before_step(update)
         for states, dummy in parts_of_update(update):
             layer(states)
@@ -66,15 +64,15 @@ def checkpoint(layer, refresher):
     return {"model": layer.state_dict(), "refresher": refresher.state_dict()}
 
 
-def resumed(delay, saved, sharded=False, sample=40):
-    layer, refresher = make(delay, sharded, sample)
+def resumed(delay, saved, sample=40):
+    layer, refresher = make(delay, sample)
     layer.load_state_dict(saved["model"])
     refresher.load_state_dict(saved["refresher"])
     return layer, refresher
 
 
 def bank_facts(refresher):
-    refresher.banks.gather()  # as before a save: sharded banks merge on rank 0
+    refresher.banks.gather()  # as before a save: the shards merge on rank 0
     bank = refresher.banks[0]
     return {
         "rows": bank.contents(),
@@ -84,10 +82,10 @@ def bank_facts(refresher):
     }
 
 
-def worker(rank, folder, delay, sharded, sample):
+def worker(rank, folder, delay, sample):
     dist.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=2)
     torch.manual_seed(rank)  # different initial centroids per rank, on purpose
-    layer, refresher = make(delay, sharded, sample)
+    layer, refresher = make(delay, sample)
     history = run(layer, refresher, rank_parts(rank), range(SAVED_AT))
     refresher.banks.gather()  # every rank, before the save (the task's pre-save hook)
     if rank == 0:  # fairseq saves on rank 0 only
@@ -95,7 +93,7 @@ def worker(rank, folder, delay, sharded, sample):
     history = torch.cat([history, run(layer, refresher, rank_parts(rank), range(SAVED_AT, UPDATES))])
     # the same ranks resume from a checkpoint that one process wrote
     saved = torch.load(f"{folder}/one_process_checkpoint.pt", weights_only=False)
-    again_layer, again = resumed(delay, saved, sharded, sample)
+    again_layer, again = resumed(delay, saved, sample)
     again_history = run(again_layer, again, rank_parts(rank), range(SAVED_AT, UPDATES))
     result = {
         "history": history,
@@ -107,9 +105,8 @@ def worker(rank, folder, delay, sharded, sample):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("sharded", [False, True])
 @pytest.mark.parametrize("sample", [40, 0])
-def test_rank_0_holds_one_process_banks_and_runs_resume_across_world_sizes(tmp_path, sharded, sample):
+def test_rank_0_holds_one_process_banks_and_runs_resume_across_world_sizes(tmp_path, sample):
     for delay in (0, 1):
         folder = tmp_path / str(delay)
         folder.mkdir()
@@ -120,7 +117,7 @@ def test_rank_0_holds_one_process_banks_and_runs_resume_across_world_sizes(tmp_p
         one = torch.cat([one, run(layer, refresher, one_process_parts, range(SAVED_AT, UPDATES))])
         one_bank = refresher.banks[0].contents()
 
-        mp.start_processes(worker, args=(str(folder), delay, sharded, sample), nprocs=2, start_method="spawn")
+        mp.start_processes(worker, args=(str(folder), delay, sample), nprocs=2, start_method="spawn")
         rank0, rank1 = (torch.load(folder / f"rank{r}.pt", weights_only=False) for r in (0, 1))
         first = 1 + delay  # the first refresh starts at update 1 and installs `delay` updates later
         assert not torch.equal(rank0["history"][first], rank0["history"][0]), "a refresh replaced the centroids"
@@ -131,8 +128,8 @@ def test_rank_0_holds_one_process_banks_and_runs_resume_across_world_sizes(tmp_p
         for bank in (rank0["bank"], rank0["resumed_bank"]):
             assert torch.equal(bank["rows"], one_bank)
         for bank in (rank1["bank"], rank1["resumed_bank"]):
-            # only rank 0 holds bank rows (a sharded rank 1 holds its shard between merges, emptied by the merge)
-            assert bank["rows"].numel() == 0 and (sharded or not bank["allocated"])
+            # only rank 0 holds bank rows (rank 1 holds its shard between merges, emptied by the merge)
+            assert bank["rows"].numel() == 0
         # rank 1 draws every rank's sample as rank 0 does: their sampling generators never part
         assert torch.equal(rank1["bank"]["generator"], rank0["bank"]["generator"])
 

@@ -237,7 +237,6 @@ def rank_worker(rank: int, folder: str) -> None:
     layer = ClusterFormerLayer(LayerSettings(DIM, 16, 2, 4, 2), 4).train()
     refresher = CentroidRefresher(RefreshSettings(memory_size=50, interval=3, iters=5, backend="torch", seed=7))
     refresher.attach(layer)
-    refresher.banks.sharded = True  # every rank keeps its own states; merged on rank 0 for a refresh or a save
     found = []
     for update in range(5):
         states = torch.randn(2, 20, DIM, generator=torch.Generator().manual_seed(10 * rank + update))

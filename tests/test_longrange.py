@@ -296,6 +296,13 @@ def test_breakdown_of_a_trained_model_is_fairseq_eval_lm_split_by_distance(lm_da
     assert "beyond reach" in out and "random keys" in out
     code, out = run_cli("fairseq-clusterformer-longrange", lm_data, "--path", path, "--context-window", "1024")
     assert code != 0 and "--context-window" in out
+    # --score-tokens scores a prefix of exactly that many tokens
+    prefix = run_ok("fairseq-clusterformer-longrange", lm_data, "--path", path, *flags, "--reach", "20",
+                    "--score-tokens", "250", "--json", tmp_path / "prefix.json")  # fmt: skip
+    assert json.loads((tmp_path / "prefix.json").read_text())["total"]["tokens"] == 250, prefix[-2000:]
+    # fairseq's --max-tokens is a batch size: taken here it would quietly score a prefix, so it is refused by name
+    code, out = run_cli("fairseq-clusterformer-longrange", lm_data, "--path", path, "--max-tokens", "8192")
+    assert code != 0 and "--max-tokens" in out and "--score-tokens N" in out
 
 
 @pytest.mark.e2e

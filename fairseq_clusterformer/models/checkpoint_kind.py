@@ -3,7 +3,8 @@
 A console script given a checkpoint of the wrong kind otherwise fails far from the cause: a language model given to
 the QA prediction script is blamed on the data's dictionary, a QA model given to an LM tool on the data folder, a
 ``transformer_lm`` given to the cluster inspector with an AttributeError deep inside the decoder. ``load_checkpoint``
-reads the file once, checks the kind, and returns what ``load_model_ensemble_and_task(state=...)`` takes.
+reads the file once, checks the kind, and returns what ``load_model_ensemble_and_task(state=...)`` takes;
+``load_model`` goes on to the model in evaluation mode, on the GPU when there is one.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY, FairseqLanguageModel
 
@@ -59,3 +61,16 @@ def load_checkpoint(
     state = checkpoint_utils.load_checkpoint_to_cpu(str(path), arg_overrides)
     check_kind(state, path, wanted, needed, flag)
     return state
+
+
+def load_model(
+    path: str | os.PathLike, arg_overrides: dict[str, Any], wanted: type, needed: str, cpu: bool = False
+) -> tuple[Any, Any, Any]:
+    """(model in eval mode, cfg, task) of a checkpoint that holds a ``wanted``; on CUDA unless ``cpu`` or none is
+    there. Raises ValueError as ``load_checkpoint`` does."""
+    state = load_checkpoint(path, arg_overrides, wanted, needed)
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides, state=state)
+    model = models[0].eval()
+    if torch.cuda.is_available() and not cpu:
+        model.cuda()
+    return model, cfg, task

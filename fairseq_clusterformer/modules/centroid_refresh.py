@@ -82,7 +82,7 @@ class CentroidRefresher:
         s = self.settings
         # sharded: in a distributed run each rank banks its own states and nothing crosses ranks in a training step;
         # the shards merge into rank 0's bank when a refresh snapshots it and before a save (``LayerBanks.gather``)
-        self.banks = LayerBanks(self.layers, s.memory_size, s.sample_per_batch, s.seed, sharded=True)
+        self.banks = LayerBanks(self.layers, s.memory_size, s.sample_per_batch, s.seed)
         self.layer_refreshes = [0] * len(self.layers)
         if self.layers and self.settings.backend == "faiss" and not faiss_available():
             raise ValueError(

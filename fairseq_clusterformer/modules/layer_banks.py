@@ -3,26 +3,22 @@
 B = batch, T = tokens, C = model dim.
 
 A layer's training forward hands its input states to the bank's sink, which stages them with the mask of the
-real tokens; ``commit`` after the micro-batch moves them into the bank. In a distributed run every rank's staged
-states go to rank 0's banks (``rank_exchange.send_to_rank0``), and only rank 0 holds rows.
+real tokens; ``commit`` after the micro-batch moves them into the bank.
 
 One process never makes the host wait for the device in a step: pads stay out of the bank through the mask that
 ``MemoryBank.add`` writes with fixed shapes (not a boolean-mask index), and the NaN/Inf count that a warning reports
 comes back to the host by a non-blocking copy, read once it has landed (``NonfiniteWatch``): on a GPU the warning
 follows the step that dropped the states by a step or so.
 
-Distributed runs, two ways:
-- ``sharded=False``: after every micro-batch every rank's states go to rank 0 (``send_to_rank0``): with the default
-  ``--memory-sample-per-batch 0`` that is every state of every rank, and the gather reads counts back to the host.
-- ``sharded=True``: every rank writes its own states into its own bank (its shard, ``--memory-size`` rows, as
-  above: no communication, no sync), each row stamped with (micro-batch, rank). ``gather``, called by every rank
-  together when a refresh snapshots the banks and before a checkpoint is saved, merges the shards on rank 0: the
-  rows in stamp order, the last ``--memory-size`` of them, so rank 0's bank then holds exactly what it holds with
-  ``sharded=False`` (what one process running the ranks' micro-batches one after another would hold), and the
-  counters become the totals over the ranks on every rank. The other ranks' shards are emptied by the merge
-  (their rows now live on rank 0). Between merges each rank holds its own rows: ``snapshots`` and ``state_dict``
-  are only meaningful right after a ``gather`` (``state_dict`` refuses otherwise). Every shard holds up to
-  ``--memory-size`` rows: enough for any split of the last rows among the ranks, so the merge is exact.
+A distributed run shards the banks: every rank writes its own states into its own bank (its shard,
+``--memory-size`` rows, as above: no communication, no sync in a step), each row stamped with (micro-batch, rank).
+``gather``, called by every rank together when a refresh snapshots the banks and before a checkpoint is saved,
+merges the shards on rank 0: the rows in stamp order, the last ``--memory-size`` of them, so rank 0's bank then
+holds exactly what one process running the ranks' micro-batches one after another would hold, and the counters
+become the totals over the ranks on every rank. The other ranks' shards are emptied by the merge (their rows now
+live on rank 0). Between merges each rank holds its own rows: ``snapshots`` and ``state_dict`` are only meaningful
+right after a ``gather`` (they refuse otherwise). Every shard holds up to ``--memory-size`` rows: enough for any
+split of the last rows among the ranks, so the merge is exact.
 """
 
 from __future__ import annotations
@@ -39,7 +35,6 @@ from fairseq_clusterformer.modules.rank_exchange import (
     add_sampled_shard,
     all_gather_varlen,
     gather_to_rank0,
-    send_to_rank0,
     sum_over_ranks,
     world,
 )
@@ -85,11 +80,8 @@ class NonfiniteWatch:
 class LayerBanks(Sequence[MemoryBank]):
     """``banks[i]`` is long-range layer i's bank; the layers' ``state_sink`` fill them in training."""
 
-    def __init__(
-        self, layers: list[ClusterFormerLayer], capacity: int, sample_per_batch: int, seed: int, sharded: bool = False
-    ) -> None:
+    def __init__(self, layers: list[ClusterFormerLayer], capacity: int, sample_per_batch: int, seed: int) -> None:
         self.layers = layers
-        self.sharded = sharded
         self._commits = 0  # micro-batches committed since the start (or the resume): the stamp of their rows
         self._stamps: list[Tensor | None] = [None for _ in layers]  # per layer: (M+1) stamps of the shard's rows
         self._merged_counts = [(0, 0) for _ in layers]  # per layer: (total_seen, nonfinite) at the last merge
@@ -124,8 +116,8 @@ class LayerBanks(Sequence[MemoryBank]):
 
     @torch.no_grad()
     def commit(self, discard: bool = False) -> None:
-        """After every micro-batch, on every rank: append the staged states of every rank to rank 0's banks (one
-        process, or ``sharded=False``), or this rank's to its own shard (``sharded=True``; ``gather`` merges them).
+        """After every micro-batch, on every rank: append this rank's staged states to its bank (in a distributed
+        run its shard, stamped; ``gather`` merges the shards).
 
         ``discard``: this rank's micro-batch was a dummy (fairseq's ``ignore_grad``); it contributes no states.
         """
@@ -133,30 +125,20 @@ class LayerBanks(Sequence[MemoryBank]):
         for index, (layer, bank) in enumerate(zip(self.layers, self._banks)):
             staged, self._staged[index] = self._staged[index], []
             rows, valid = joined(staged) if staged and not discard else (None, None)
-            if size == 1:
-                if rows is not None:
-                    self._watches[index].push(torch.stack([bank.add(rows, valid), bank.nonfinite_dropped]))
-            elif self.sharded:
-                centroids = layer.centroids
-                if rows is None and bank.sample_per_batch > 0:  # the sample draw needs every rank's count
-                    rows = centroids.new_zeros(0, centroids.size(1))
-                if rows is not None:
-                    rows = rows.to(centroids.device, torch.float32)
-                    sampled = bank.sample_per_batch > 0
-                    dropped = add_sampled_shard(bank, rows, valid) if sampled else bank.add(rows, valid)
-                    self._stamp(index, self._commits * size + rank)
-                    self._watches[index].push(torch.stack([dropped, bank.nonfinite_dropped.to(dropped.device)]))
-            else:
-                centroids = layer.centroids
-                if rows is None:
-                    rows = centroids.new_zeros(0, centroids.size(1))
-                rows = rows.to(centroids.device, torch.float32)
-                dropped = send_to_rank0(bank, rows, valid)
-                # the other ranks' counters stay on the CPU (their banks hold no rows)
+            sampled = bank.sample_per_batch > 0
+            if size > 1 and rows is None and sampled:  # the sample draw needs every rank's count
+                rows = layer.centroids.new_zeros(0, layer.centroids.size(1))
+            if rows is not None and size == 1:
+                dropped = bank.add(rows, valid)
+            elif rows is not None:
+                rows = rows.to(layer.centroids.device, torch.float32)
+                dropped = add_sampled_shard(bank, rows, valid) if sampled else bank.add(rows, valid)
+                self._stamp(index, self._commits * size + rank)
+            if rows is not None:
                 self._watches[index].push(torch.stack([dropped, bank.nonfinite_dropped.to(dropped.device)]))
             self._warn_nonfinite(index)
         self._commits += 1
-        self._gathered = size == 1 or not self.sharded
+        self._gathered = size == 1
 
     def _stamp(self, index: int, stamp: int) -> None:
         """Stamp the rows the last write put into layer ``index``'s shard (the spare row M takes the others')."""
@@ -169,10 +151,10 @@ class LayerBanks(Sequence[MemoryBank]):
 
     @torch.no_grad()
     def gather(self) -> None:
-        """Sharded distributed runs: merge every rank's shard into rank 0's bank (module docstring). Called by every
+        """Distributed runs: merge every rank's shard into rank 0's bank (module docstring). Called by every
         rank together, when a refresh snapshots the banks and before a checkpoint is saved: it syncs."""
         rank, size = world()
-        if size == 1 or not self.sharded:
+        if size == 1:
             return
         for index, (layer, bank) in enumerate(zip(self.layers, self._banks)):
             device, dim = layer.centroids.device, layer.centroids.size(1)

@@ -2,12 +2,10 @@
 
 n = states of one rank's micro-batch, P = clusters, C = model dim.
 
-- Rank 0 alone holds the rows of the memory banks: only it runs K-Means, and only it saves checkpoints. After every
-  micro-batch each rank sends it its own banked states (``send_to_rank0``). The other ranks keep each bank's
-  counters and sampling generator, not its rows (a few bytes instead of ``--memory-size`` x C floats per layer).
-- Sharded banks (``LayerBanks(sharded=True)``): no exchange in a step (but the sample draw's counts with
-  ``--memory-sample-per-batch``, ``add_sampled_shard``); a merge at a refresh or before a save shares the rows'
-  stamps (``all_gather_varlen``), then each rank sends rank 0 only its rows among the last ``--memory-size``
+- Every rank banks its own states (its shard of each memory bank): no exchange in a training step but the
+  ranks' counts of rows for the sample draw with ``--memory-sample-per-batch`` (``add_sampled_shard``). Rank 0 alone
+  runs K-Means and saves checkpoints, so at a refresh or before a save the shards merge on rank 0: the ranks share
+  their rows' stamps (``all_gather_varlen``), each sends rank 0 only its rows among the last ``--memory-size``
   (``gather_to_rank0``), and the counters are summed (``sum_over_ranks``).
 - Rank 0's centroids reach every rank by broadcast (``broadcast_from_rank0``), and after every install a checksum
   compared across the ranks proves that they all hold the same ones (``check_ranks_agree``).
@@ -36,50 +34,13 @@ def world() -> tuple[int, int]:
 
 
 @torch.no_grad()
-def send_to_rank0(bank: MemoryBank, rows: Tensor, valid: Tensor | None = None) -> Tensor:
-    """Append every rank's rows of one micro-batch (this rank's: n x C float32, those where ``valid`` (n) is True)
-    to rank 0's ``bank``, in rank order.
-
-    Called by every rank together. NaN/Inf rows are dropped; with ``--memory-sample-per-batch`` a sample of each
-    rank's rows is kept. Rank 0's bank then holds what one process that ran the ranks' micro-batches one after
-    another would hold. Returns the NaN/Inf rows dropped on all ranks (counted in every rank's bank), a 0-dim tensor.
-    """
-    rank, size = world()
-    if valid is not None:
-        rows = rows[valid.to(rows.device)]
-    rows, dropped_here = finite_rows(rows)
-    counts = torch.tensor([rows.size(0), dropped_here], device=rows.device)
-    every = [torch.zeros_like(counts) for _ in range(size)]
-    dist.all_gather(every, counts)
-    dropped = sum(int(c[1]) for c in every)
-    bank.count_nonfinite(dropped)
-    dropped = torch.tensor(dropped, device=rows.device)
-    # every rank draws every rank's sample, in rank order, from its copy of the bank's generator: the copies stay
-    # equal, and each rank sends only the rows it keeps
-    picks = [bank.pick(int(c[0])) for c in every]
-    kept = [int(c[0]) if pick is None else pick.numel() for c, pick in zip(every, picks)]
-    if max(kept) == 0:  # every rank knows: all skip the gather
-        return dropped
-    if picks[rank] is not None:
-        rows = rows[picks[rank].to(rows.device)]
-    padded = rows.new_zeros(max(kept), rows.size(1))  # max(kept) x C: gather needs equal shapes
-    padded[: rows.size(0)] = rows
-    parts = [torch.empty_like(padded) for _ in range(size)] if rank == 0 else None
-    dist.gather(padded, parts, dst=0)
-    if parts is not None:
-        for part, count in zip(parts, kept):
-            bank.append(part[:count])
-    return dropped
-
-
-@torch.no_grad()
 def add_sampled_shard(bank: MemoryBank, rows: Tensor, valid: Tensor | None) -> Tensor:
     """``--memory-sample-per-batch`` with sharded banks: write this rank's sample of its finite real rows (n x C,
     ``valid``: n or None) to its own shard; returns the NaN/Inf rows it dropped (0-dim tensor).
 
-    Every rank draws every rank's picks, in rank order, from its copy of the bank's generator, as ``send_to_rank0``
-    does: the copies stay equal and the same rows are drawn as by one process. Drawing needs every rank's count of
-    finite rows on the host: an all-gather and a sync per step, on this path only."""
+    Every rank draws every rank's picks, in rank order, from its copy of the bank's generator: the copies stay
+    equal and the same rows are drawn as by one process. Drawing needs every rank's count of finite rows on the
+    host: an all-gather and a sync per step, on this path only."""
     rank, size = world()
     if valid is not None:
         rows = rows[valid.to(rows.device)]

@@ -28,13 +28,12 @@ import os
 from pathlib import Path
 
 import torch
-from fairseq import checkpoint_utils
 from fairseq.data import data_utils
 from fairseq.models import FairseqLanguageModel
 from torch import Tensor
 
 import fairseq_clusterformer  # noqa: F401  registers the clusterformer models and tasks
-from fairseq_clusterformer.models.checkpoint_kind import load_checkpoint
+from fairseq_clusterformer.models.checkpoint_kind import load_model
 from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
 from fairseq_clusterformer.scripts.cli_logging import log_like_fairseq
 from fairseq_clusterformer.scripts.longrange.longrange_tally import ROLES, LayerCapture, Tally, print_tables
@@ -51,7 +50,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context-window", type=int, default=512, help="tokens of context before each block")
     parser.add_argument("--reach", type=int, help="sliding-window reach in tokens (default: layers x (window - 1))")
     parser.add_argument("--documents", choices=("stream", "line"), default="stream", help="what one document is")
-    parser.add_argument("--max-tokens", type=int, default=0, help="score only the first N tokens (0: all)")
+    parser.add_argument("--score-tokens", type=int, default=0, help="score only the first N tokens (0: all)")
+    # fairseq's --max-tokens is a batch size; taken here it would silently score a prefix, so it is refused
+    parser.add_argument("--max-tokens", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
         "--recall-facts",
         type=Path,
@@ -66,8 +67,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--context-window must be in [0, --tokens-per-sample), got {args.context_window}")
     if args.reach is not None and args.reach < 0:
         parser.error(f"--reach must be >= 0, got {args.reach}")
-    if args.max_tokens < 0:
-        parser.error(f"--max-tokens must be >= 0 (0 = all), got {args.max_tokens}")
+    if args.max_tokens is not None:
+        parser.error(
+            "--max-tokens: this scorer reads one block of --tokens-per-sample at a time and has no batch size;"
+            " to score only the first N tokens of the split, pass --score-tokens N"
+        )
+    if args.score_tokens < 0:
+        parser.error(f"--score-tokens must be >= 0 (0 = all), got {args.score_tokens}")
     if not args.path.is_file():
         parser.error(f"--path {args.path}: no such checkpoint file")
     if not (args.data / "dict.txt").is_file():
@@ -132,7 +138,7 @@ def score_blocks(model, stream: Tensor, eos: int, args: argparse.Namespace, tall
     """Score stream[s : s + B] for s = 0, B, 2B, ... from inputs x[a : s + B], x = [eos] + stream."""
     device = next(model.parameters()).device
     x = torch.cat([stream.new_tensor([eos]), stream])  # N + 1: position j predicts stream[j]
-    total = stream.numel() if not args.max_tokens else min(args.max_tokens, stream.numel())
+    total = stream.numel() if not args.score_tokens else min(args.score_tokens, stream.numel())
     block = args.tokens_per_sample - args.context_window
     for start in range(0, total, block):
         end = min(start + block, total)
@@ -155,13 +161,9 @@ def main(argv: list[str] | None = None) -> dict:
     overrides = {"data": str(args.data)}
     needed = "it needs a language-model checkpoint (--task clusterformer_lm or language_modeling)"
     try:
-        state = load_checkpoint(args.path, overrides, FairseqLanguageModel, needed)
+        model, _cfg, task = load_model(args.path, overrides, FairseqLanguageModel, needed, args.cpu)
     except ValueError as error:
         raise SystemExit(f"fairseq-clusterformer-longrange: error: {error}") from None
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(args.path)], overrides, state=state)
-    model = models[0].eval()
-    if torch.cuda.is_available() and not args.cpu:
-        model.cuda()
     reach = args.reach if args.reach is not None else default_reach(model)
     dictionary = task.source_dictionary
     stream, documents = read_stream(args.data, args.gen_subset, dictionary, args.documents)

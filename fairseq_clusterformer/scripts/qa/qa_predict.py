@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from fairseq import checkpoint_utils, utils
+from fairseq import utils
 
 from fairseq_clusterformer.data.qa_predictions import (
     answer_type_name,
@@ -31,7 +31,7 @@ from fairseq_clusterformer.data.qa_predictions import (
     write_nq_predictions,
     write_squad_predictions,
 )
-from fairseq_clusterformer.models.checkpoint_kind import load_checkpoint
+from fairseq_clusterformer.models.checkpoint_kind import load_model
 from fairseq_clusterformer.models.clusterformer_qa import ClusterFormerQAModel
 from fairseq_clusterformer.ops.qa_metrics import (
     NQLabel,
@@ -72,11 +72,7 @@ def load(args: argparse.Namespace):
         if getattr(args, key) is not None:
             overrides[key] = getattr(args, key)
     needed = "qa-predict needs a clusterformer_qa checkpoint (trained with --task clusterformer_qa)"
-    state = load_checkpoint(args.path, overrides, ClusterFormerQAModel, needed)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], overrides, state=state)
-    model = models[0].eval()
-    if torch.cuda.is_available() and not args.cpu:
-        model.cuda()
+    model, _, task = load_model(args.path, overrides, ClusterFormerQAModel, needed, args.cpu)
     return model, task
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from fairseq_clusterformer.models.checkpoint_kind import load_checkpoint
+from fairseq_clusterformer.models.checkpoint_kind import load_model
 from fairseq_clusterformer.models.clusterformer_qa import ClusterFormerQAModel
 from fairseq_clusterformer.modules.sorted_window_layer import SortedWindowLayer
 from fairseq_clusterformer.modules.windowed_layer import SlidingWindowLayer
@@ -110,18 +110,11 @@ class Row:
 
 
 def load(args: argparse.Namespace):
-    from fairseq import checkpoint_utils
-
     overrides: dict[str, Any] = {"data": args.data, "roberta_path": None}  # the checkpoint holds every weight
     if args.max_context_eval is not None:
         overrides["max_context_eval"] = args.max_context_eval
     needed = "qa-reach needs a clusterformer_qa checkpoint (trained with --task clusterformer_qa)"
-    state = load_checkpoint(args.path, overrides, ClusterFormerQAModel, needed)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.path], overrides, state=state)
-    model = models[0].eval()
-    if torch.cuda.is_available() and not args.cpu:
-        model.cuda()
-    return model, cfg, task
+    return load_model(args.path, overrides, ClusterFormerQAModel, needed, args.cpu)
 
 
 def gold_paragraphs(sample: dict[str, Any], length: int) -> list[tuple[int, int]]:
