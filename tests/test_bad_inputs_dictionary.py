@@ -1,5 +1,5 @@
 """A dictionary other than the training run's, of the same size, is refused on every path that loads a language
-model: the README's ``fairseq-eval-lm`` without ``--task``, ``fairseq-clusterformer-causal-eval``, and a model built
+model: docs/usage.md's ``fairseq-eval-lm`` without ``--task``, ``fairseq-clusterformer-causal-eval``, and a model built
 in Python. Checkpoints from before the dictionary was recorded still load, with one warning."""
 
 import logging
@@ -91,7 +91,7 @@ EVAL = ["--tokens-per-sample", 200, "--batch-size", 4, "--num-workers", 0]
     "tool, extra", [("fairseq-eval-lm", []), ("fairseq-clusterformer-causal-eval", ["--max-blocks", 2])]
 )
 def test_evaluating_with_a_reordered_dictionary_fails_naming_it(tool, extra, trained, reordered):
-    """The README's command and causal-eval, both without --task: the task's own check never runs there."""
+    """docs/usage.md's command and causal-eval, both without --task: the task's own check never runs there."""
     data, first = reordered
     code, out = run_cli(tool, data, "--user-dir", PACKAGE, "--path", trained, *EVAL, "--gen-subset", "test", *extra)
     assert code != 0, out[-3000:]

@@ -128,13 +128,13 @@ class LayerBanks(Sequence[MemoryBank]):
             sampled = bank.sample_per_batch > 0
             if size > 1 and rows is None and sampled:  # the sample draw needs every rank's count
                 rows = layer.centroids.new_zeros(0, layer.centroids.size(1))
-            if rows is not None and size == 1:
-                dropped = bank.add(rows, valid)
-            elif rows is not None:
-                rows = rows.to(layer.centroids.device, torch.float32)
-                dropped = add_sampled_shard(bank, rows, valid) if sampled else bank.add(rows, valid)
-                self._stamp(index, self._commits * size + rank)
             if rows is not None:
+                rows = rows.to(layer.centroids.device, torch.float32)  # the bank's dtype: exact for half states
+                # one process draws its sample inside add; ranks draw every rank's picks from their counts
+                shared_draw = size > 1 and sampled
+                dropped = add_sampled_shard(bank, rows, valid) if shared_draw else bank.add(rows, valid)
+                if size > 1:
+                    self._stamp(index, self._commits * size + rank)
                 self._watches[index].push(torch.stack([dropped, bank.nonfinite_dropped.to(dropped.device)]))
             self._warn_nonfinite(index)
         self._commits += 1
