@@ -245,3 +245,19 @@ def test_the_initial_centroids_are_broadcast_from_rank_0(tmp_path):
     (before0, after0), (before1, after1) = ranks[0], ranks[1]
     assert before0 != before1
     assert after0 == after1 == before0
+
+
+# ---- models without Cluster-Former layers start no K-Means jobs ------------------------------------------------------
+
+
+@pytest.mark.parametrize("swap_delay", [0, 1])
+def test_a_model_without_cluster_layers_starts_no_kmeans_job(swap_delay, caplog):
+    # sliding windows only, LSH or sparse under --task clusterformer_lm: the schedule is due, but nothing is banked
+    refresher = CentroidRefresher(RefreshSettings(interval=2, swap_delay=swap_delay, backend="torch"))
+    refresher.attach(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    with caplog.at_level("INFO", logger="fairseq_clusterformer.modules.centroid_refresh"):
+        for update in range(1, 9):
+            refresher.before_step(update)
+            refresher.commit()
+    assert refresher.refreshes_started == 0 and refresher.pending is None and refresher.num_refreshes == 0
+    assert not [r for r in caplog.records if "K-Means" in r.getMessage()]

@@ -110,6 +110,8 @@ class CentroidRefresher:
 
     def before_step(self, update_num: int) -> None:
         """Call at the start of every micro-batch; acts once per update, the same way on every rank."""
+        if not self.layers:  # sliding windows only, LSH or sparse: nothing is banked, so there is nothing to cluster
+            return
         self._check_resume(update_num)
         start = time.perf_counter()
         if self.pending is not None and (update_num >= self.pending.install_at or self.due(update_num)):
@@ -255,13 +257,8 @@ class CentroidRefresher:
             return
         self._saved = None
         self.banks.load_state_dict(state["banks"])
-        for name in (
-            "refreshes_started",
-            "num_refreshes",
-            "last_refresh_update",
-            "last_refresh_epoch",
-            "epoch_refresh_due",
-        ):
+        names = ("refreshes_started", "num_refreshes", "last_refresh_update", "last_refresh_epoch", "epoch_refresh_due")
+        for name in names:
             setattr(self, name, state[name])
         self.layer_refreshes = list(state["layer_refreshes"])
         saved = state["pending"]
