@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -172,8 +173,12 @@ CHAR_SOURCE = REPO / "examples" / "data" / "tinyshakespeare" / "input.txt"
 
 
 def console_script(name: str) -> str:
-    """A console script of this interpreter's environment (fairseq-train, fairseq-eval-lm, ...)."""
-    return str(Path(sys.executable).parent / name)
+    """A console script of this interpreter's environment (fairseq-train, fairseq-eval-lm, ...), else one on PATH
+    (packages installed with ``pip install --target``, as on the lent GPU machine, put their scripts elsewhere)."""
+    found = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if found is None:
+        raise FileNotFoundError(f"{name}: not beside {sys.executable} nor on PATH; install fairseq (make venv)")
+    return found
 
 
 def prepare_char_data(work_dir: Path, held_out_bytes: int = 55_000) -> Path:

@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +19,20 @@ TINY_LM_TRAIN = [
 ]  # fmt: skip
 
 
+def console_script(tool: str) -> str:
+    """A console script beside this interpreter (a virtual environment's bin/), else on PATH: where packages are
+    installed with ``pip install --target`` (the lent GPU machine's /tmp/site) the scripts are not beside Python."""
+    found = shutil.which(tool, path=os.pathsep.join([str(BIN), os.environ.get("PATH", "")]))
+    if found is None:
+        raise FileNotFoundError(f"{tool}: not beside {sys.executable} nor on PATH (pip install -e . installs it)")
+    return found
+
+
 def run_cli(tool, *args, cwd=None, timeout=900):
     """Run a real fairseq console script (fairseq-train, fairseq-eval-lm, ...) and return its output."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     proc = subprocess.run(
-        [str(BIN / tool), *map(str, args)],
+        [console_script(tool), *map(str, args)],
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,

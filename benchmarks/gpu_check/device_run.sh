@@ -49,6 +49,12 @@ fi
 echo "PYTHONPATH=$PYTHONPATH"
 echo "fairseq-train: $(command -v fairseq-train || echo "not on PATH (the driver also looks beside $PYTHON)")"
 
+# a call with --parts (in GPU_CHECK_ARGS) adds its parts to those committed in benchmarks/results/gpu/ by earlier calls
+COMMITTED=$REPO/benchmarks/results/gpu
+case " ${GPU_CHECK_ARGS:-} " in
+  *" --parts"*) if [ -f "$COMMITTED/summary.json" ]; then cp -r "$COMMITTED/." "$RUN/results/"; fi ;;
+esac
+
 step "nvidia-smi"
 nvidia-smi 2>&1 | tee "$RUN/nvidia-smi.txt" || echo "nvidia-smi FAILED"
 

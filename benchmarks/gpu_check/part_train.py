@@ -3,8 +3,10 @@
 For every precision flag: an uninterrupted run to ``updates``, and a run stopped at ``stop`` (while a refresh started
 before the stop is still in flight) then resumed from its ``checkpoint_last.pt`` to ``updates``. The two final
 ``checkpoint_last.pt`` must hold equal model state (weights and centroids) and equal task state (memory banks, the
-refresh schedule and the job in flight, in ``extra_state[<task>]`` and ``task_state``). fairseq 0.12 cannot run
-``--fp16`` on a CPU (its optimizer) and ``--amp`` needs CUDA: on a CPU those are recorded as skipped.
+refresh schedule and the job in flight, in ``extra_state[<task>]`` and ``task_state``). Every run takes PyTorch's
+deterministic kernels (``deterministic_train.py``): on a GPU two uninterrupted runs differ in their last bits
+otherwise. fairseq 0.12 cannot run ``--fp16`` on a CPU (its optimizer) and ``--amp`` needs CUDA: on a CPU those are
+recorded as skipped.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 
 import torch
 
-from gpu_check.common import PACKAGE, Context, lm_data, markdown_escape, run_tool
+from gpu_check.common import PACKAGE, REPO, Context, lm_data, markdown_escape, run_tool
 
 NAME = "train"
 TITLE = "fairseq-train in half precision: K-Means refreshes, stop and exact resume"
@@ -26,6 +28,14 @@ ESTIMATE_S = {"tiny": 60, "budget": 150, "full": 1200}
 # wall-clock durations the task state records (a K-Means job's run time): they differ from run to run by nature
 TIMINGS = {"seconds"}
 CPU_SKIPS = {"--fp16": "fails inside fairseq 0.12's FP16 optimizer on a CPU", "--amp": "needs CUDA"}
+# fairseq-train with torch.use_deterministic_algorithms(True, warn_only=True); cuBLAS reads this before it starts
+DETERMINISTIC_TRAIN = REPO / "benchmarks" / "gpu_check" / "deterministic_train.py"
+DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+# the UserWarnings of an op that ran without a deterministic kernel under warn_only: "<op> does not have a
+# deterministic implementation, ..." and, for fused attention, "<backend> defaults to a non-deterministic algorithm"
+NONDETERMINISTIC = re.compile(
+    r"UserWarning: (\S.*?) (?:does not have a deterministic implementation|defaults to a non-deterministic algorithm)"
+)
 
 
 def schedule(ctx: Context) -> tuple[list[str], int, int]:
@@ -57,7 +67,11 @@ def equal(a, b, path: str = "") -> list[str]:
     """The paths at which two checkpoint entries differ (tensors bit for bit, containers recursively)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         same = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-        return [] if same and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()) else [path or "."]
+        if same and a.dtype == b.dtype and torch.equal(a.cpu(), b.cpu()):
+            return []
+        if same and a.is_floating_point() and b.is_floating_point():  # how far apart: last bits, or a real fault
+            return [f"{path or '.'} (max |diff| {(a.double() - b.double()).abs().max().item():.2g})"]
+        return [path or "."]
     if isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():
             return [f"{path}: keys {sorted(map(str, a.keys() ^ b.keys()))}"]
@@ -101,10 +115,16 @@ def run_precision(ctx: Context, data, flag: str) -> dict:
     runs = {"straight": (updates, "straight"), "first": (stop, "resumed"), "resume": (updates, "resumed")}
     record = {"flag": flag, "updates": updates, "stop": stop}
     for name, (max_update, save) in runs.items():
-        command = ["fairseq-train", data, *args, flag, "--max-update", str(max_update), "--save-dir", base / save]
+        command = ["python", DETERMINISTIC_TRAIN, data, *args, flag, "--max-update", str(max_update)]
         start = time.perf_counter()
-        code, out = run_tool(command, base / f"{name}.log", timeout=ctx.timeout(1800))
+        code, out = run_tool(
+            [*command, "--save-dir", base / save], base / f"{name}.log", ctx.timeout(1800), DETERMINISTIC_ENV
+        )
         record[name] = {"exit_code": code, "seconds": round(time.perf_counter() - start, 1), **last_log(out)}
+        record.setdefault("nondeterministic_ops", [])
+        record["nondeterministic_ops"] += sorted(
+            set(NONDETERMINISTIC.findall(out)) - set(record["nondeterministic_ops"])
+        )
         if code != 0:
             record["error"] = f"{name} run exited {code}: " + " | ".join(out.strip().splitlines()[-4:])
             return record
@@ -114,7 +134,8 @@ def run_precision(ctx: Context, data, flag: str) -> dict:
                 re.search(rf"checkpoint_last\.pt \(epoch \d+ @ {stop} updates\)", out) is not None
             )
             record["not_exact_warning"] = "not exact" in out
-    record["command"] = "fairseq-train DATA " + " ".join(map(str, args)).replace(str(PACKAGE), "fairseq_clusterformer")
+    shown = " ".join(map(str, args)).replace(str(PACKAGE), "fairseq_clusterformer")
+    record["command"] = f"python benchmarks/gpu_check/deterministic_train.py DATA {shown}"
     diff = compare(base / "straight" / "checkpoint_last.pt", base / "resumed" / "checkpoint_last.pt")
     record["differences"] = {k: len(diff[k]) for k in ("model", "task", "optimizer")}
     diff.update({k: diff[k][:20] for k in ("model", "task", "optimizer")})  # the first ones name the problem
@@ -189,4 +210,10 @@ def run(ctx: Context) -> tuple[dict, str]:
     ]
     if differences:
         markdown.append("Entries that differ:\n\n" + "\n".join(differences))
+    unguarded = sorted({op for r in ran for op in r.get("nondeterministic_ops", [])})
+    markdown.append(
+        "Ops that ran without a deterministic kernel (PyTorch's warn_only warnings): "
+        + (", ".join(f"`{markdown_escape(op)}`" for op in unguarded) if unguarded else "none")
+        + "."
+    )
     return record, "\n\n".join(markdown)
