@@ -33,6 +33,16 @@ def test_a_resumed_fp16_run_grows_its_loss_scale_when_the_uninterrupted_run_does
     assert saved["state"]["_iter"] == 6 and scaler_of(resumed / "checkpoint_last.pt")[1] == saved
 
 
+def test_a_run_resumed_with_reset_optimizer_starts_its_loss_scaler_afresh(lm_data, tmp_path):
+    """fairseq's --reset-optimizer drops the saved loss_scale with the optimizer (and the update count, which it
+    keeps there: the run counts from 0 again); the saved counters are not put back either."""
+    run_ok("fairseq-train", lm_data, *RUN, "--max-update", "2", "--save-dir", tmp_path)
+    out = run_ok("fairseq-train", lm_data, *RUN, "--max-update", "3", "--save-dir", tmp_path, "--reset-optimizer")
+    assert "@ 0 updates" in out, out[-3000:]
+    scale, saved = scaler_of(tmp_path / "checkpoint_last.pt")
+    assert (scale, saved["state"]["_iter"]) == (8.0, 3)  # 3 fresh updates, doubled after the third; restored: _iter 5
+
+
 def test_a_saved_scaler_state_goes_back_only_into_a_scaler_of_its_kind():
     class Dynamic:  # the fields of fairseq's DynamicLossScaler
         loss_scale, _iter, _last_overflow_iter, _last_rescale_iter, _overflows_since_rescale = 8.0, 5, -1, 3, 0

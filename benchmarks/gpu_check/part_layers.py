@@ -25,8 +25,11 @@ OURS = {"window": "window", "cluster-strict": "cluster-strict", "cluster-paper":
 OURS["cluster-strict next values"] = "cluster-strict+next"
 WINDOW_KINDS = ("window", *IMPLEMENTATIONS)  # the sliding-window layers the target compares against
 TARGET_RATIO, LINEAR_SLACK = 1.25, 1.25
-# expected seconds per size: full is 7 kinds x 3 T x 2 precisions, 8 passes each, and FlexAttention compiles once per
-# T and precision; budget keeps the shortest and the longest T in bf16 only (the target's precision), 5 passes each
+# expected seconds per size: full is 7 kinds x 3 T x 2 precisions, 23 passes each, and FlexAttention compiles once
+# per T and precision; budget keeps the shortest and the longest T in bf16 only (the target's precision), 13 passes
+# each. A pass takes milliseconds on a GPU (the H100 took 3-35 ms): the time goes to starting and compiling, and 1 + 3
+# passes gave one of our layers 6.3, 11.6 and 11.6 ms, too few for a median that ranks layers
+
 ESTIMATE_S = {"tiny": 30, "budget": 80, "full": 600}
 
 
@@ -37,9 +40,9 @@ def shape(ctx: Context) -> argparse.Namespace:
     else:
         values = dict(dim=512, heads=8, ffn=2048, window=256, stride=128, clusters=512, groups=6)
         if ctx.budget:
-            values.update(lengths=[3072, 32768], warmup=1, repeats=3)
+            values.update(lengths=[3072, 32768], warmup=3, repeats=10)
         else:
-            values.update(lengths=[3072, 12288, 32768], warmup=2, repeats=5)
+            values.update(lengths=[3072, 12288, 32768], warmup=3, repeats=20)
     return argparse.Namespace(dropout=0.0, attention_dropout=0.0, long_range_values="own", **values)
 
 

@@ -24,7 +24,12 @@ from fairseq_clusterformer.tasks.checkpoint_files import (
     save_dir_of,
 )
 from fairseq_clusterformer.tasks.checkpoint_writes import install_atomic_checkpoint_writes, remove_stale_temp_files
-from fairseq_clusterformer.tasks.loss_scaler_state import SCALER_KEY, restore_scaler, scaler_state
+from fairseq_clusterformer.tasks.loss_scaler_state import (
+    SCALER_KEY,
+    optimizer_state_loaded,
+    restore_scaler,
+    scaler_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +139,8 @@ class CentroidRefreshHooks:
         saved_scaler = getattr(self, "_saved_scaler", None)
         if saved_scaler is not None:  # the first step after a resume: the scale and counters the run stopped with
             self._saved_scaler = None
-            restore_scaler(optimizer, saved_scaler)
+            if optimizer_state_loaded(optimizer):  # not under --reset-optimizer
+                restore_scaler(optimizer, saved_scaler)
         # the first micro-batch of an update is the same moment on every rank: refreshes start and install there
         self.refresher.before_step(update_num)
         try:

@@ -9,8 +9,9 @@ counters restart at 0, so the scale grows every ``--fp16-scale-window`` updates 
 start (and an overflow's back-off is judged against the wrong count).
 
 The task saves the scaler's state beside its memory banks (``extra_state[<task class>]``) and puts it back into the
-optimizer's scaler before the first resumed step. A checkpoint saved by another precision flag, or by a run without
-one, leaves the scaler as fairseq built it.
+optimizer's scaler before the first resumed step, when fairseq brought the optimizer's state back: under
+``--reset-optimizer`` the scaler starts fresh, as fairseq's own ``loss_scale`` does. A checkpoint saved by another
+precision flag, or by a run without one, leaves the scaler as fairseq built it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ def scaler_state(optimizer: Any) -> dict | None:
     if scaler is not None and all(hasattr(scaler, name) for name in DYNAMIC_FIELDS):
         return {"kind": "dynamic", "state": {name: getattr(scaler, name) for name in DYNAMIC_FIELDS}}
     return None
+
+
+def optimizer_state_loaded(optimizer: Any) -> bool:
+    """Before the first step of a run: whether fairseq loaded the optimizer's state from the checkpoint (Adam's
+    moments are there), i.e. the run was not started with ``--reset-optimizer``. True where it cannot be told."""
+    state = getattr(getattr(optimizer, "optimizer", None), "state", None)  # the torch optimizer fairseq wraps
+    return state is None or len(state) > 0
 
 
 def restore_scaler(optimizer: Any, saved: dict) -> bool:
