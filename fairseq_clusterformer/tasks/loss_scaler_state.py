@@ -21,6 +21,9 @@ from typing import Any
 import torch
 
 SCALER_KEY = "loss_scaler"
+# fairseq builds torch.cuda.amp.GradScaler, a subclass of torch.amp.GradScaler from torch 2.3 on (torch 2.0 has only
+# the CUDA one)
+GRAD_SCALERS = tuple(c for c in (getattr(torch.amp, "GradScaler", None), torch.cuda.amp.GradScaler) if c is not None)
 # DynamicLossScaler (fairseq.optim.dynamic_loss_scaler): what update() and check_overflow() read and write
 DYNAMIC_FIELDS = ("loss_scale", "_iter", "_last_overflow_iter", "_last_rescale_iter", "_overflows_since_rescale")
 
@@ -28,7 +31,7 @@ DYNAMIC_FIELDS = ("loss_scale", "_iter", "_last_overflow_iter", "_last_rescale_i
 def scaler_state(optimizer: Any) -> dict | None:
     """The state of the optimizer's loss scaler, or None without one (fp32, bf16) or when it is disabled."""
     scaler = getattr(optimizer, "scaler", None)
-    if isinstance(scaler, torch.amp.GradScaler):
+    if isinstance(scaler, GRAD_SCALERS):
         state = scaler.state_dict()  # {} when disabled (no CUDA); reads the scale back from the device once
         return {"kind": "grad_scaler", "state": state} if state else None
     if scaler is not None and all(hasattr(scaler, name) for name in DYNAMIC_FIELDS):
