@@ -30,7 +30,8 @@ TARGET_RATIO, LINEAR_SLACK = 1.25, 1.25
 # each. A pass takes milliseconds on a GPU (the H100 took 3-35 ms): the time goes to starting and compiling, and 1 + 3
 # passes gave one of our layers 6.3, 11.6 and 11.6 ms, too few for a median that ranks layers
 
-ESTIMATE_S = {"tiny": 30, "budget": 80, "full": 600}
+# budget: 40 s on an H100 with 1 + 3 passes (2026-11-27); the extra passes add about a second
+ESTIMATE_S = {"tiny": 30, "budget": 45, "full": 600}
 
 
 def shape(ctx: Context) -> argparse.Namespace:
