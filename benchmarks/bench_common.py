@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from fairseq_clusterformer.scripts.console_scripts import console_script
 
 GIB = 2**30
 MIB = 2**20
@@ -170,15 +171,6 @@ def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
 
 REPO = Path(__file__).resolve().parent.parent
 CHAR_SOURCE = REPO / "examples" / "data" / "tinyshakespeare" / "input.txt"
-
-
-def console_script(name: str) -> str:
-    """A console script of this interpreter's environment (fairseq-train, fairseq-eval-lm, ...), else one on PATH
-    (packages installed with ``pip install --target``, as on the lent GPU machine, put their scripts elsewhere)."""
-    found = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    if found is None:
-        raise FileNotFoundError(f"{name}: not beside {sys.executable} nor on PATH; install fairseq (make venv)")
-    return found
 
 
 def prepare_char_data(work_dir: Path, held_out_bytes: int = 55_000) -> Path:

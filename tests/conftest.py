@@ -1,10 +1,11 @@
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from fairseq_clusterformer.scripts.console_scripts import console_script
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "fairseq_clusterformer"
@@ -17,15 +18,6 @@ TINY_LM_TRAIN = [
     "--tokens-per-sample", "200", "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "0.003",
     "--batch-size", "4", "--num-workers", "0",
 ]  # fmt: skip
-
-
-def console_script(tool: str) -> str:
-    """A console script beside this interpreter (a virtual environment's bin/), else on PATH: where packages are
-    installed with ``pip install --target`` (the lent GPU machine's /tmp/site) the scripts are not beside Python."""
-    found = shutil.which(tool, path=os.pathsep.join([str(BIN), os.environ.get("PATH", "")]))
-    if found is None:
-        raise FileNotFoundError(f"{tool}: not beside {sys.executable} nor on PATH (pip install -e . installs it)")
-    return found
 
 
 def run_cli(tool, *args, cwd=None, timeout=900):

@@ -28,9 +28,10 @@ def test_a_resumed_fp16_run_grows_its_loss_scale_when_the_uninterrupted_run_does
     out = run_ok("fairseq-train", lm_data, *RUN, "--max-update", "6", "--save-dir", resumed)
     assert "@ 2 updates" in out, out[-3000:]  # it did resume from the stop
     scale, saved = scaler_of(straight / "checkpoint_last.pt")
+    resumed_scale, resumed_saved = scaler_of(resumed / "checkpoint_last.pt")
     assert scale == 16.0  # 4 x 2 x 2: doubled after updates 3 and 6, no overflow
-    assert scaler_of(resumed / "checkpoint_last.pt")[0] == scale  # was 8.0: doubled after update 5 only
-    assert saved["state"]["_iter"] == 6 and scaler_of(resumed / "checkpoint_last.pt")[1] == saved
+    assert resumed_scale == scale  # was 8.0: doubled after update 5 only
+    assert saved["state"]["_iter"] == 6 and resumed_saved == saved
 
 
 def test_a_run_resumed_with_reset_optimizer_starts_its_loss_scaler_afresh(lm_data, tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,12 +16,11 @@ HERE = Path(__file__).resolve().parent
 BENCHMARKS = HERE.parent
 REPO = BENCHMARKS.parent
 PACKAGE = REPO / "fairseq_clusterformer"
-BIN = Path(sys.executable).parent
 # the benchmark scripts import each other as top-level modules (bench_common, layer_scaling, ...)
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
-from bench_common import cpu_model  # noqa: E402
+from bench_common import console_script, cpu_model  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -134,18 +132,9 @@ def time_step(step, device: torch.device, warmup: int, repeats: int) -> list[flo
     return times
 
 
-def find_tool(name: str) -> str:
-    """A console script beside this interpreter (a virtual environment's bin/) or else on PATH (on the lent GPU
-    machine the bundle's scripts are installed into /tmp/site/bin, which device_run.sh puts on PATH)."""
-    found = shutil.which(name, path=os.pathsep.join([str(BIN), os.environ.get("PATH", "")]))
-    if found is None:
-        raise FileNotFoundError(f"{name}: not beside {sys.executable} nor on PATH; install fairseq (make venv)")
-    return found
-
-
 def run_tool(args: list, log: Path, timeout: float, env: dict | None = None) -> tuple[int, str]:
     """Run a console script of this environment (fairseq-train, ...) or ``python``; output to ``log`` and back."""
-    tool = sys.executable if args[0] == "python" else find_tool(args[0])
+    tool = sys.executable if args[0] == "python" else console_script(args[0])
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     log.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -28,9 +28,8 @@ TARGET_RATIO, LINEAR_SLACK = 1.25, 1.25
 # expected seconds per size: full is 7 kinds x 3 T x 2 precisions, 23 passes each, and FlexAttention compiles once
 # per T and precision; budget keeps the shortest and the longest T in bf16 only (the target's precision), 13 passes
 # each. A pass takes milliseconds on a GPU (the H100 took 3-35 ms): the time goes to starting and compiling, and 1 + 3
-# passes gave one of our layers 6.3, 11.6 and 11.6 ms, too few for a median that ranks layers
-
-# budget: 40 s on an H100 with 1 + 3 passes (2026-11-27); the extra passes add about a second
+# passes gave one of our layers 6.3, 11.6 and 11.6 ms, too few for a median that ranks layers. Budget: 40 s on an
+# H100 with 1 + 3 passes (2026-11-27); the extra passes add about a second
 ESTIMATE_S = {"tiny": 30, "budget": 45, "full": 600}
 
 

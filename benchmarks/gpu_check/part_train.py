@@ -115,6 +115,7 @@ def run_precision(ctx: Context, data, flag: str) -> dict:
     shutil.rmtree(base, ignore_errors=True)  # fairseq-train would resume from an earlier run's checkpoint_last.pt
     runs = {"straight": (updates, "straight"), "first": (stop, "resumed"), "resume": (updates, "resumed")}
     record = {"flag": flag, "updates": updates, "stop": stop}
+    unguarded: set[str] = set()  # ops that ran without a deterministic kernel, from PyTorch's warnings
     for name, (max_update, save) in runs.items():
         command = ["python", DETERMINISTIC_TRAIN, data, *args, flag, "--max-update", str(max_update)]
         start = time.perf_counter()
@@ -122,10 +123,8 @@ def run_precision(ctx: Context, data, flag: str) -> dict:
             [*command, "--save-dir", base / save], base / f"{name}.log", ctx.timeout(1800), DETERMINISTIC_ENV
         )
         record[name] = {"exit_code": code, "seconds": round(time.perf_counter() - start, 1), **last_log(out)}
-        record.setdefault("nondeterministic_ops", [])
-        record["nondeterministic_ops"] += sorted(
-            set(NONDETERMINISTIC.findall(out)) - set(record["nondeterministic_ops"])
-        )
+        unguarded.update(NONDETERMINISTIC.findall(out))
+        record["nondeterministic_ops"] = sorted(unguarded)
         if code != 0:
             record["error"] = f"{name} run exited {code}: " + " | ".join(out.strip().splitlines()[-4:])
             return record

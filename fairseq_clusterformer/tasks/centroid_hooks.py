@@ -24,12 +24,6 @@ from fairseq_clusterformer.tasks.checkpoint_files import (
     save_dir_of,
 )
 from fairseq_clusterformer.tasks.checkpoint_writes import install_atomic_checkpoint_writes, remove_stale_temp_files
-from fairseq_clusterformer.tasks.loss_scaler_state import (
-    SCALER_KEY,
-    optimizer_state_loaded,
-    restore_scaler,
-    scaler_state,
-)
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +129,6 @@ class CentroidRefreshHooks:
         self.refresher.begin_epoch(epoch)
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        self._optimizer = optimizer  # its loss scaler is saved with the checkpoint (get_checkpoint_dict)
-        saved_scaler = getattr(self, "_saved_scaler", None)
-        if saved_scaler is not None:  # the first step after a resume: the scale and counters the run stopped with
-            self._saved_scaler = None
-            if optimizer_state_loaded(optimizer):  # not under --reset-optimizer
-                restore_scaler(optimizer, saved_scaler)
         # the first micro-batch of an update is the same moment on every rank: refreshes start and install there
         self.refresher.before_step(update_num)
         try:
@@ -170,9 +158,7 @@ class CentroidRefreshHooks:
     def get_checkpoint_dict(self):
         base = getattr(super(), "get_checkpoint_dict", dict)()
         self._save_started = time.time()
-        state = {CHECKPOINT_KEY: self.refresher.state_dict()}
-        scaler = scaler_state(getattr(self, "_optimizer", None))
-        return {**base, type(self).__name__: {**state, **({SCALER_KEY: scaler} if scaler else {})}}
+        return {**base, type(self).__name__: {CHECKPOINT_KEY: self.refresher.state_dict()}}
 
     def post_save(self, cp_path, num_updates):
         """Only an exact resume needs the memory banks, and it resumes from checkpoint_last.pt: the best, epoch and
@@ -192,7 +178,6 @@ class CentroidRefreshHooks:
             base(state)
         if CHECKPOINT_KEY in state:
             self.refresher.load_state_dict(state[CHECKPOINT_KEY])
-        self._saved_scaler = state.get(SCALER_KEY)  # installed at the next train_step, which has the optimizer
 
 
 def install_bank_gather_before_saves() -> None:

@@ -13,6 +13,7 @@ from fairseq_clusterformer.tasks.checkpoint_files import (
     checkpoint_files_to_load,
     dictionary_fingerprint,
 )
+from fairseq_clusterformer.tasks.loss_scaler_state import LossScalerResumeHooks
 
 DICTIONARY_KEY = "dictionary"
 
@@ -23,7 +24,7 @@ class ClusterFormerLMTaskConfig(LanguageModelingConfig, MemoryBankConfig):
 
 
 @register_task("clusterformer_lm", dataclass=ClusterFormerLMTaskConfig)
-class ClusterFormerLMTask(CentroidRefreshHooks, LanguageModelingTask):
+class ClusterFormerLMTask(LossScalerResumeHooks, CentroidRefreshHooks, LanguageModelingTask):
     """Language modeling whose training fills the memory banks and refreshes the centroids with K-Means."""
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):

@@ -23,6 +23,7 @@ from fairseq_clusterformer.data.qa_encode import MAX_QUESTION_TOKENS
 from fairseq_clusterformer.data.qa_tokenizers import PARAGRAPH_TOKEN
 from fairseq_clusterformer.ops.spans import AnswerPrediction, decode_answers
 from fairseq_clusterformer.tasks.centroid_hooks import CentroidRefreshHooks, MemoryBankConfig
+from fairseq_clusterformer.tasks.loss_scaler_state import LossScalerResumeHooks
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig):
 
 
 @register_task("clusterformer_qa", dataclass=ClusterFormerQAConfig)
-class ClusterFormerQATask(CentroidRefreshHooks, FairseqTask):
+class ClusterFormerQATask(LossScalerResumeHooks, CentroidRefreshHooks, FairseqTask):
     """Extractive QA over long contexts; Natural Questions-style data (answer types) adds the NQ heads."""
 
     def __init__(self, cfg: ClusterFormerQAConfig, dictionary: Dictionary, answer_types: bool):

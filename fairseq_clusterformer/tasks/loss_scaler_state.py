@@ -57,3 +57,31 @@ def restore_scaler(optimizer: Any, saved: dict) -> bool:
         for name in DYNAMIC_FIELDS:
             setattr(optimizer.scaler, name, saved["state"][name])
     return True
+
+
+class LossScalerResumeHooks:
+    """fairseq task methods that carry the loss scaler across a resume; mixed in before ``CentroidRefreshHooks``,
+    whose entry ``extra_state[<task class>]`` it shares (fairseq hands a task back only that entry)."""
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        self._optimizer = optimizer  # the optimizer whose scaler the next checkpoint saves
+        saved = getattr(self, "_saved_scaler", None)
+        if saved is not None:  # the first step after a resume
+            self._saved_scaler = None
+            if optimizer_state_loaded(optimizer):  # not under --reset-optimizer
+                restore_scaler(optimizer, saved)
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def get_checkpoint_dict(self):
+        state = getattr(super(), "get_checkpoint_dict", dict)()
+        scaler = scaler_state(getattr(self, "_optimizer", None))
+        if scaler is None:
+            return state
+        name = type(self).__name__
+        return {**state, name: {**state.get(name, {}), SCALER_KEY: scaler}}
+
+    def set_checkpoint_dict(self, state):
+        base = getattr(super(), "set_checkpoint_dict", None)
+        if base is not None:
+            base(state)
+        self._saved_scaler = state.get(SCALER_KEY)  # installed at the next train_step, which has the optimizer

@@ -9,9 +9,9 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+from fairseq_clusterformer.scripts.console_scripts import console_script
 from fairseq_clusterformer.scripts.lm.prepare_enwik8 import split_bytes, write_splits
 
 PACKAGE = Path(__file__).resolve().parents[2]
@@ -22,16 +22,6 @@ DEFAULT_DATA = {
     "--word-eval": EXAMPLE_DATA / "wikitext-2" / "test.txt",
     "--char-text": EXAMPLE_DATA / "tinyshakespeare" / "input.txt",
 }
-BIN = Path(sys.executable).parent
-
-
-def tool(name: str) -> str:
-    """A fairseq console script: the one beside this Python first, then PATH."""
-    local = BIN / name
-    found = str(local) if local.exists() else shutil.which(name)
-    if found is None:
-        raise FileNotFoundError(f"{name} not found beside {sys.executable} or on PATH: install fairseq")
-    return found
 
 
 def missing_file(flag: str, path: Path) -> FileNotFoundError:
@@ -66,7 +56,7 @@ def binarise(text_dir: Path, dest: Path) -> Path:
     """fairseq-preprocess train/valid/test.txt of ``text_dir`` into ``dest`` (skipped when already there)."""
     if (dest / "dict.txt").exists():
         return dest
-    command = [tool("fairseq-preprocess"), "--only-source", "--destdir", str(dest), "--workers", "1"]
+    command = [console_script("fairseq-preprocess"), "--only-source", "--destdir", str(dest), "--workers", "1"]
     for split in ("train", "valid", "test"):
         command += [f"--{split}pref", str(text_dir / f"{split}.txt")]
     proc = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

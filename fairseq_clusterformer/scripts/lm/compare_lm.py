@@ -26,8 +26,9 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from fairseq_clusterformer.scripts.console_scripts import console_script
 from fairseq_clusterformer.scripts.lm import compare_presets as presets
-from fairseq_clusterformer.scripts.lm.compare_data import DEFAULT_DATA, PACKAGE, prepare_char, prepare_word, tool
+from fairseq_clusterformer.scripts.lm.compare_data import DEFAULT_DATA, PACKAGE, prepare_char, prepare_word
 from fairseq_clusterformer.scripts.lm.compare_presets import LEVELS, PRESETS, ROWS, Row, Scale
 
 
@@ -91,8 +92,11 @@ def run_dir(level_dir: Path, row: Row, seed: int) -> Path:
 
 def row_commands(row: Row, scale: Scale, data_bin: Path, row_dir: Path, seed: int = 1) -> tuple[list[str], list[str]]:
     save = row_dir / "checkpoints"
-    train = [tool("fairseq-train"), *presets.train_args(row, scale, data_bin, save, PACKAGE, seed)]
-    evaluate = [tool("fairseq-eval-lm"), *presets.eval_args(scale, data_bin, save / "checkpoint_last.pt", PACKAGE)]
+    train = [console_script("fairseq-train"), *presets.train_args(row, scale, data_bin, save, PACKAGE, seed)]
+    evaluate = [
+        console_script("fairseq-eval-lm"),
+        *presets.eval_args(scale, data_bin, save / "checkpoint_last.pt", PACKAGE),
+    ]
     return train, evaluate
 
 
