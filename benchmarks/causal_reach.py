@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops import cluster_stats as stats
 from fairseq_clusterformer.ops.cluster_groups import default_groups, uniform_shares
 

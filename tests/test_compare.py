@@ -10,7 +10,7 @@ import sys
 import pytest
 from fairseq import options
 
-from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES
+from fairseq_clusterformer.layers.settings import LONG_RANGE_CHOICES
 from fairseq_clusterformer.scripts.lm import compare_data, compare_lm
 from fairseq_clusterformer.scripts.lm.compare_presets import PRESETS, ROWS, train_args
 from tests.conftest import PACKAGE, REPO, SLICE

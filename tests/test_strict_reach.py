@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_clusterformer.modules.baseline_layers import LSHLayer
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.kmeans_job import refresh_layer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.baselines import LSHLayer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops.cluster_groups import band_group_ids, cluster_to_group, default_groups
+from fairseq_clusterformer.refresh.kmeans_job import refresh_layer
 from tests.reference import cluster_ids_reference, cluster_strict_reference, neighbour_strict_reference
 from tests.test_model import build
 

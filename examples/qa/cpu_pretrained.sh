@@ -98,9 +98,9 @@ if ((!DRY)); then
     fi
 fi
 # 5. the last checkpoint on every held-out question, beside the span baselines
-run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.scripts.qa.qa_predict "$SQUAD/bin" \
+run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.qa.scripts.predict "$SQUAD/bin" \
     --path "$OUT/$NAME/checkpoint_last.pt" --split valid --output "$OUT/$NAME/valid.pred.json" --batch-size 8 --cpu \
     | log "$OUT/$NAME/eval.log"
-run python -m fairseq_clusterformer.scripts.qa.qa_baselines --train "$SQUAD/jsonl/train.jsonl" \
+run python -m fairseq_clusterformer.qa.scripts.baselines --train "$SQUAD/jsonl/train.jsonl" \
     --eval "$SQUAD/jsonl/valid.jsonl" --seed 1 --predictions "$NAME=$OUT/$NAME/valid.pred.json" \
     --json "$OUT/$NAME/summary.json" | log "$OUT/$NAME/summary.log"

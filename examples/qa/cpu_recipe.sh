@@ -60,7 +60,7 @@ run bash "$here/prepare_squad.sh" --data "$DATA" --split-dev 40 --contexts parag
 if [[ -z "$ROBERTA_DIR" ]]; then
     texts=()
     for t in $MLM_TEXT; do texts+=(--text "$t"); done
-    run python -m fairseq_clusterformer.scripts.qa.qa_mlm_text --squad "$DATA/dev-v1.1.json" --articles 0:40 \
+    run python -m fairseq_clusterformer.qa.scripts.mlm_text --squad "$DATA/dev-v1.1.json" --articles 0:40 \
         "${texts[@]}" --encoder-json "$BPE_DIR/encoder.json" --vocab-bpe "$BPE_DIR/vocab.bpe" --output "$OUT/mlm/train.bpe"
     run fairseq-preprocess --only-source --srcdict "$BPE_DIR/dict.txt" --trainpref "$OUT/mlm/train.bpe" \
         --destdir "$OUT/mlm/bin" --workers 2
@@ -109,13 +109,13 @@ export OMP_NUM_THREADS=2
 runs=(qa_scratch_seed1)
 for seed in $SEEDS; do runs+=("qa_mlm_seed$seed"); done
 for name in "${runs[@]}"; do
-    run python -m fairseq_clusterformer.scripts.qa.qa_predict "$OUT/squad/bin" --path "$OUT/$name/checkpoint_last.pt" \
+    run python -m fairseq_clusterformer.qa.scripts.predict "$OUT/squad/bin" --path "$OUT/$name/checkpoint_last.pt" \
         --split valid --output "$OUT/$name/valid.pred.json" --batch-size 32 --cpu | log "$OUT/$name.eval.log"
 done
 # the same official EM / F1 for every row, over every held-out question (one a model could not take scores 0); first
 # spans of 6 and 12 words match the length of the models' answers, which token F1 rewards
 preds=()
 for name in "${runs[@]}"; do preds+=(--predictions "$name=$OUT/$name/valid.pred.json"); done
-run python -m fairseq_clusterformer.scripts.qa.qa_baselines --train "$OUT/squad/jsonl/train.jsonl" \
+run python -m fairseq_clusterformer.qa.scripts.baselines --train "$OUT/squad/jsonl/train.jsonl" \
     --eval "$OUT/squad/jsonl/valid.jsonl" --seed 1 "${preds[@]}" \
     --first-words 6 --first-words 12 --json "$OUT/summary.json" | log "$OUT/summary.log"
