@@ -27,13 +27,14 @@ from fairseq_clusterformer.compat.patches import install_patches
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
 from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
-from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_cli, run_ok
+from tests.conftest import PACKAGE, REPO, TINY_LM_TRAIN, run_cli, run_ok
 
 # ---- flipped bits: every record's CRC-32 is checked before a checkpoint is loaded ------------------------------------
 
 
-def flip_bit(src, dst, record: str) -> None:
-    """Copy ``src`` to ``dst`` with one bit flipped in the middle of the zip ``record``'s data."""
+def flip_bit(src, dst, record: str, count: int = 1) -> None:
+    """Copy ``src`` to ``dst`` with one bit flipped in each of ``count`` bytes from the middle of the zip ``record``'s
+    data on."""
     shutil.copyfile(src, dst)
     with zipfile.ZipFile(src) as archive:
         info = archive.getinfo(record)
@@ -42,9 +43,9 @@ def flip_bit(src, dst, record: str) -> None:
         name_length, extra_length = struct.unpack("<HH", handle.read(4))
         position = info.header_offset + 30 + name_length + extra_length + info.file_size // 2
         handle.seek(position)
-        byte = handle.read(1)[0]
+        data = handle.read(count)
         handle.seek(position)
-        handle.write(bytes([byte ^ 0x08]))
+        handle.write(bytes(byte ^ 0x08 for byte in data))
 
 
 def record_of(path, tensor: str) -> str:
@@ -239,6 +240,43 @@ def test_a_flipped_bit_stops_the_resume(run_dir, lm_data, tmp_path):
     assert (
         f"--restore-file {flipped} is corrupted: record {record} (tensor last_optimizer_state.state.3.exp_avg)" in out
     )
+
+
+OLD_QA = REPO / "tests" / "data" / "old_checkpoints" / "qa"
+EVAL_LM = ["--tokens-per-sample", "200", "--batch-size", "4", "--num-workers", "0", "--cpu"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "tool, args, flag",
+    [
+        ("fairseq-eval-lm", ["--user-dir", PACKAGE, *EVAL_LM], "--path"),  # the README's command: no --task
+        ("fairseq-clusterformer-causal-eval", EVAL_LM, "--path"),
+        (
+            "fairseq-clusterformer-longrange",
+            [*EVAL_LM[:2], "--context-window", "100", "--reach", "20", "--cpu"],
+            "--path",
+        ),
+        ("fairseq-train", [*TRAIN, "--max-update", "1"], "--finetune-from-model"),
+        ("fairseq-clusterformer-qa-predict", ["--split", "valid", "--cpu"], "--path"),
+    ],
+)
+def test_a_flipped_weight_stops_every_load_path(run_dir, lm_data, tmp_path, tool, args, flag):
+    """Eight flipped bytes in a weight are caught wherever a checkpoint is loaded, not only where the plug-in's task
+    loads it: before, plain fairseq-eval-lm printed a perplexity of 1159.44 instead of 1158.46, exit 0."""
+    qa = tool.endswith("qa-predict")
+    source = OLD_QA / "checkpoint.pt" if qa else run_dir[0] / "checkpoint_last.pt"
+    tensor = "model.qa_heads.span.weight" if qa else "model.decoder.embed_tokens.weight"
+    flipped = tmp_path / "flipped.pt"
+    record = record_of(source, tensor)
+    flip_bit(source, flipped, record, count=8)
+    data = OLD_QA / "bin" if qa else lm_data
+    where = (
+        ["--save-dir", tmp_path / "s"] if tool == "fairseq-train" else ["--output", tmp_path / "p.json"] if qa else []
+    )
+    out = failure(tool, data, *args, *where, flag, flipped)
+    assert f"{flag} {flipped} is corrupted: record {record} (tensor {tensor})" in out.strip().splitlines()[-1]
+    assert not list(tmp_path.glob("s/*.pt")) and not (tmp_path / "p.json").exists()
 
 
 @pytest.mark.e2e
