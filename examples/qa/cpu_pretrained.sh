@@ -13,7 +13,8 @@
 # --data DIR: holds dev-v1.1.json (default examples/data/squad, the committed official SQuAD v1.1 dev set).
 # --out DIR: everything it writes (default data-bin/qa/pretrained): encoder/ (the import, reused when there),
 #   squad_CONTEXTS/ (records and binarised data, reused when there), CONTEXTS_KIND_seedSEED/ (checkpoints, train.log,
-#   valid.pred.json, eval.log, summary.json).
+#   valid.pred.json, eval.log, summary.json). An --out imported from another model than --hf (other weights) is
+#   refused, and so is a data or run folder made from another encoder (each records its encoder_source.json).
 # --dry-run: print the commands instead of running them.
 # Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
 #   paper's placement scaled to 6 layers), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
