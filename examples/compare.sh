@@ -35,14 +35,15 @@ default_python=python
 python="${PYTHON:-$default_python}"
 command -v "$python" >/dev/null || { echo "compare.sh: $python not found: set PYTHON" >&2; exit 2; }
 
-preset=small work=""
+# compare_lm's own parser reads and checks every flag; this only picks the default --work of the preset, read as that
+# parser reads it (also --preset=X, and an abbreviation such as --pre X). The default goes first, so that any --work
+# the user gives, in any of its forms, comes later and wins.
+preset=small
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
-  case "${args[$i]}" in
-    --preset) preset="${args[$((i + 1))]:-}" ;;
-    --work) work="${args[$((i + 1))]:-}" ;;
+  case "${args[i]}" in
+    --p | --pr | --pre | --pres | --prese | --preset) preset="${args[i + 1]:-}" ;;
+    --p=* | --pr=* | --pre=* | --pres=* | --prese=* | --preset=*) preset="${args[i]#*=}" ;;
   esac
 done
-extra=()
-[ -n "$work" ] || extra=(--work "compare-work/$preset")
-exec "$python" -m fairseq_clusterformer.scripts.lm.compare_lm "$@" "${extra[@]}"
+exec "$python" -m fairseq_clusterformer.scripts.lm.compare_lm --work "compare-work/$preset" "$@"

@@ -8,20 +8,22 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 user_dir="${USER_DIR:-$repo/fairseq_clusterformer}"
 
 die() { echo "$(basename "$0"): $*" >&2; exit 2; }
+# shellcheck source=recipe_args.sh
+source "$repo/examples/recipe_args.sh"
 
-# --preset / --small / --dry-run / -h, and the positional arguments into $positional
+# --preset / --small / --dry-run / -h, the positional arguments into $positional, then the environment variables
+# given (as names) that must be whole numbers
 parse_recipe_args() {
-  preset=paper dry=0 positional=()
-  while [ $# -gt 0 ]; do
-    case "$1" in
-      -h|--help) usage; exit 0 ;;
-      --small) preset=small; shift ;;
-      --preset) [ $# -ge 2 ] || die "--preset needs a value"; preset="$2"; shift 2 ;;
-      --dry-run) dry=1; shift ;;
-      -*) usage >&2; die "unknown option: $1" ;;
-      *) positional+=("$1"); shift ;;
-    esac
-  done
+  local ints=()
+  while [ "$1" != -- ]; do ints+=("$1"); shift; done
+  shift
+  preset=paper dry=0
+  recipe_flag --preset preset P
+  recipe_flag --small preset =small
+  recipe_flag --dry-run dry =1
+  recipe_parse "$@"
+  positional=(${RECIPE_ARGS[@]+"${RECIPE_ARGS[@]}"})
+  recipe_env int "${ints[@]}"
   case "$preset" in paper|small|tiny) ;; *) die "--preset must be paper, small or tiny, got '$preset'" ;; esac
   # preset_<setting>=<value> for every setting of the preset at this recipe's level
   local values
@@ -78,7 +80,8 @@ Every setting is an environment variable (default: the preset's):
   EXTRA_ARGS (appended to the fairseq-train command, word-split)
 USAGE
   }
-  parse_recipe_args "$@"
+  parse_recipe_args CLUSTERS LAYERS HEADS EMBED_DIM FFN_DIM TOKENS WINDOW STRIDE BATCH UPDATE_FREQ GPUS WARMUP UPDATES \
+    MEMORY_SIZE CLUSTER_UPDATE_INTERVAL KMEANS_ITERS SEED NUM_WORKERS LOG_INTERVAL -- "$@"
   [ ${#positional[@]} -le 1 ] || die "one DATA_BIN only (got ${positional[*]})"
   local data="${positional[0]:-$default_data}"
   local long_range="${LONG_RANGE:-cluster}" causality="${CAUSALITY:-strict}" clusters="${CLUSTERS:-$preset_clusters}"
@@ -156,7 +159,7 @@ MAX_TOKENS (tokens per batch), SUBSET=test, SOFTMAX_BATCH=1024, LOG (default: ev
 checkpoint), EXTRA_ARGS (appended to the fairseq-eval-lm command, word-split).
 USAGE
   }
-  parse_recipe_args "$@"
+  parse_recipe_args TOKENS CONTEXT_WINDOW MAX_TOKENS SOFTMAX_BATCH -- "$@"
   [ ${#positional[@]} -ge 1 ] && [ ${#positional[@]} -le 2 ] || { usage >&2; die "give CHECKPOINT and optionally DATA_BIN"; }
   local checkpoint="${positional[0]}" data="${positional[1]:-$default_data}" subset="${SUBSET:-test}"
   local log="${LOG:-$(dirname "$checkpoint")/eval-$subset.log}"

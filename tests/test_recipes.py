@@ -139,7 +139,7 @@ def test_scripts_explain_themselves_and_name_what_is_wrong(recipe, tmp_path):
     code, out = script(recipe, "prepare", "--data", tmp_path)  # a folder without the expected files
     assert code == 2 and ("wiki.train.tokens" in out if recipe == "wikitext103" else "enwik8" in out)
     code, out = script(recipe, "prepare", "--bogus")
-    assert code == 2 and "unknown argument: --bogus" in out
+    assert code == 2 and "unknown flag --bogus" in out
     code, out = script(recipe, "eval", tmp_path / "missing.pt")
     assert code == 2 and "missing.pt not found" in out
 

@@ -23,17 +23,18 @@
 set -euo pipefail
 
 DATA=examples/data/squad OUT=data-bin/qa/cpu BPE_DIR=examples/data/gpt2_bpe DRY=0 ROBERTA_DIR=""
-while (($#)); do
-    case "$1" in
-        --data) DATA="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --bpe-dir) BPE_DIR="$2"; shift 2 ;;
-        --roberta) ROBERTA_DIR="$2"; shift 2 ;;
-        --dry-run) DRY=1; shift ;;
-        -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "$0: unknown flag $1 (see --help)" >&2; exit 2 ;;
-    esac
-done
+# shellcheck source=../recipe_args.sh
+source "$(dirname "$0")/../recipe_args.sh"
+recipe_flag --data DATA DIR
+recipe_flag --out OUT DIR
+recipe_flag --bpe-dir BPE_DIR DIR
+recipe_flag --roberta ROBERTA_DIR DIR
+recipe_flag --dry-run DRY =1
+recipe_parse "$@"
+((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (every setting is a flag; see --help)"
+recipe_env int MLM_UPDATES QA_UPDATES LAYERS DIM HEADS
+recipe_env number MAX_HOURS
+for seed in ${SEEDS:-}; do recipe_check int "SEEDS=$SEEDS" "$seed"; done
 [[ -f "$DATA/dev-v1.1.json" ]] || { echo "$0: --data $DATA holds no dev-v1.1.json" >&2; exit 2; }
 if [[ -n "$ROBERTA_DIR" && ! -f "$ROBERTA_DIR/model.pt" ]]; then
     echo "$0: --roberta $ROBERTA_DIR holds no model.pt" >&2; exit 2
@@ -82,7 +83,7 @@ finetune() {  # finetune NAME SEED [ROBERTA_DIR]: QA_UPDATES updates of 16 quest
         --stop-time-hours "$MAX_HOURS" --log-interval 20
 }
 log() { if ((DRY)); then cat; else tee "$1"; fi; }
-mkdir -p "$OUT"
+((DRY)) || mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
 # 3. pretraining beside the from-scratch control (same fine-tuning, no pretrained encoder); with --roberta the
 #    control runs beside the fine-tunings of stage 4 instead
