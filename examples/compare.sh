@@ -5,7 +5,7 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-usage: examples/compare.sh [--preset tiny|small|paper] [--work DIR] [--levels word,char] [--rows all|KEY,...]
+usage: examples/compare.sh [--preset smoke|small|paper] [--work DIR] [--levels word,char] [--rows all|KEY,...]
                            [--threads N] [--updates N] [--word-train FILE] [--word-eval FILE] [--char-text FILE]
                            [--word-data-bin DIR] [--char-data-bin DIR] [--list-rows]
 
@@ -18,9 +18,8 @@ Defaults: --preset small, --work compare-work/<preset>, --threads 2 (OMP_NUM_THR
 word level trains on examples/data/wikitext-2/valid.txt and evaluates on examples/data/wikitext-2/test.txt (cut
 between articles into valid and test halves); character level reads examples/data/tinyshakespeare/input.txt as
 bytes, split 90 % / 5 % / 5 % as enwik8 is. For the paper preset pass --word-data-bin / --char-data-bin made by
-examples/wikitext103/prepare.sh and examples/enwik8/prepare.sh. The presets' settings are those of
-examples/{wikitext103,enwik8}/train.sh --preset tiny|small|paper (both read
-fairseq_clusterformer/scripts/lm/compare_presets.py).
+examples/wikitext103/prepare.sh and examples/enwik8/prepare.sh. What each preset sets: docs/usage.md, "The LM
+presets" (examples/{wikitext103,enwik8}/train.sh --preset run the same; --preset tiny is smoke's old name).
 
 Environment: PYTHON (default: the repository's .venv/bin/python if present, else python).
 USAGE

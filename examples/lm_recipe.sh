@@ -24,19 +24,21 @@ parse_recipe_args() {
   recipe_parse "$@"
   positional=(${RECIPE_ARGS[@]+"${RECIPE_ARGS[@]}"})
   recipe_env int "${ints[@]}"
-  case "$preset" in paper|small|tiny) ;; *) die "--preset must be paper, small or tiny, got '$preset'" ;; esac
-  # preset_<setting>=<value> for every setting of the preset at this recipe's level
+  # tiny: smoke's old name, which compare_presets.py still takes (saying so on stderr)
+  case "$preset" in paper|small|smoke|tiny) ;; *) die "--preset must be paper, small or smoke, got '$preset'" ;; esac
+  # preset_<setting>=<value> for every setting of the preset at this recipe's level, and preset_name
   local values
   values="$("${PYTHON:-python}" "$repo/fairseq_clusterformer/scripts/lm/compare_presets.py" --preset "$preset" \
     --level "$level" --shell)" || die "could not read the $preset preset from compare_presets.py (set PYTHON?)"
   eval "$values"
+  preset="$preset_name"
 }
 
 options_help() {
   cat <<USAGE
 
-  --preset P  paper (the default: the paper's section 4.2), small (CPU-sized: 6 layers of 128 dims, 300 updates of
-              2 segments) or tiny (4 layers of 32 dims, 6 updates: seconds, for tests)
+  --preset P  paper (the default: the paper's section 4.2), small (CPU-sized) or smoke (seconds, for tests; its old
+              name tiny still works); what each sets: docs/usage.md, "The LM presets"
   --small     the same as --preset small
   --dry-run   print the command and exit
   -h, --help  this text
@@ -64,7 +66,7 @@ need_tool() {
 train_main() {
   usage() {
     cat <<USAGE
-usage: examples/$recipe/train.sh [--preset paper|small|tiny | --small] [--dry-run] [DATA_BIN]
+usage: examples/$recipe/train.sh [--preset paper|small|smoke | --small] [--dry-run] [DATA_BIN]
 
 $about
 USAGE
@@ -145,7 +147,7 @@ USAGE
 eval_main() {
   usage() {
     cat <<USAGE
-usage: examples/$recipe/eval.sh [--preset paper|small|tiny | --small] [--dry-run] CHECKPOINT [DATA_BIN]
+usage: examples/$recipe/eval.sh [--preset paper|small|smoke | --small] [--dry-run] CHECKPOINT [DATA_BIN]
 
 $about
 Runs fairseq-eval-lm on the test split of DATA_BIN (default $default_data) with CHECKPOINT (e.g.
