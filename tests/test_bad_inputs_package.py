@@ -3,6 +3,7 @@
 and a checkpoint whose long-range layers have no centroids. Every case ends with a non-zero status, a message that
 names the file or flag at fault, and no file changed or left behind."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -88,3 +89,33 @@ def test_a_truncated_weights_file_is_named(source, tmp_path, name):
     out = refused(IMPORT_HF, source, tmp_path / "out")
     assert f"{IMPORT_HF}: error: {weights}: cannot be read" in out and "truncated or corrupt" in out
     assert not (tmp_path / "out").exists()
+
+
+def unwritable_folder(tmp_path):
+    """A folder this user cannot write in: a read-only one of its own, or (as root, who may write anywhere that is
+    mounted read-write) /proc/sys, which the kernel keeps read-only."""
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    for candidate in (folder, Path("/proc/sys")):
+        if candidate.is_dir() and not os.access(candidate, os.W_OK):
+            return candidate
+    pytest.skip("no folder here that this user cannot write in")
+
+
+@pytest.mark.parametrize("case", ["a directory", "below a file", "in a read-only folder"])
+def test_qa_predict_refuses_its_output_before_it_reads_the_checkpoint(tmp_path, case):
+    (tmp_path / "notes.txt").write_text("mine")
+    output, message = {
+        "a directory": (tmp_path, "is a directory"),
+        "below a file": (tmp_path / "notes.txt" / "pred.json", f"{tmp_path / 'notes.txt'} is a file, not a folder"),
+        "in a read-only folder": (unwritable_folder(tmp_path) / "pred.json", "this user cannot write in"),
+    }[case]
+    before = snapshot(tmp_path)
+    # the checkpoint does not exist: the output is checked first, or the error would name --path
+    missing = tmp_path / "no_such_checkpoint.pt"
+    data = tmp_path / "data-bin"
+    out = refused("fairseq-clusterformer-qa-predict", data, "--path", missing, "--output", output, "--cpu")
+    assert f"fairseq-clusterformer-qa-predict: error: --output {output}: {message}" in out
+    assert str(missing) not in out
+    assert snapshot(tmp_path) == before
