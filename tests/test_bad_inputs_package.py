@@ -1,7 +1,7 @@
 """Bad input to the plug-in's newer package surfaces, run through the real console scripts: the Hugging Face import
 (an output that would overwrite the source, a truncated weights file), prediction into an output it cannot write,
 and a checkpoint whose long-range layers have no centroids. Every case ends with a non-zero status, a message that
-names the file or flag at fault, and no file changed or left behind."""
+names the file, flag or layers at fault, and no file changed or left behind."""
 
 import os
 import shutil
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import run_cli, run_ok
+from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_cli, run_ok
 from tests.hf_sources import make_bert
 
 pytestmark = pytest.mark.e2e
@@ -119,3 +119,44 @@ def test_qa_predict_refuses_its_output_before_it_reads_the_checkpoint(tmp_path, 
     assert f"fairseq-clusterformer-qa-predict: error: --output {output}: {message}" in out
     assert str(missing) not in out
     assert snapshot(tmp_path) == before
+
+
+@pytest.fixture(scope="module")
+def lm_checkpoint(lm_data, tmp_path_factory):
+    """checkpoint_last.pt of the tiny Cluster-Former LM (long-range layers 2 and 4) after one update."""
+    save = tmp_path_factory.mktemp("centroids") / "run"
+    run_ok("fairseq-train", lm_data, *TINY_LM_TRAIN, "--memory-size", "2000", "--no-epoch-checkpoints",
+           "--max-update", "1", "--save-dir", save)  # fmt: skip
+    return save / "checkpoint_last.pt"
+
+
+def evaluate(tool, lm_data, path, *extra):
+    flags = ["--path", path, "--user-dir", PACKAGE, "--tokens-per-sample", "200", "--batch-size", "2", *extra]
+    code, out = run_cli(tool, lm_data, *flags, *(["--max-blocks", "2"] if "causal" in tool else []))
+    assert code != 0, out[-3000:]
+    assert "Missing key(s)" not in out, out[-3000:]
+    return out
+
+
+def test_a_checkpoint_without_centroids_names_the_layers_that_lack_them(lm_checkpoint, lm_data, tmp_path):
+    state = torch.load(lm_checkpoint, weights_only=False)
+    for key in [k for k in state["model"] if k.endswith((".centroids", ".shares", ".refreshes"))]:
+        del state["model"][key]
+    stripped = tmp_path / "no_centroids.pt"
+    torch.save(state, stripped)
+    before = stripped.read_bytes()
+    lacking = "no K-Means centroids for the Cluster-Former layer(s) 2, 4 of this model (decoder.layers.1.centroids, "
+    # the README's plain fairseq-eval-lm: fairseq's own log line names the file it loads
+    out = evaluate("fairseq-eval-lm", lm_data, stripped)
+    assert lacking in out and "is not a Cluster-Former checkpoint" in out and f"loading model(s) from {stripped}" in out
+    out = evaluate("fairseq-clusterformer-causal-eval", lm_data, stripped)
+    assert f"--path {stripped}: the checkpoint has {lacking}" in out
+    assert stripped.read_bytes() == before
+
+
+def test_a_model_of_other_long_range_layers_is_named(lm_checkpoint, lm_data):
+    before = lm_checkpoint.read_bytes()
+    out = evaluate("fairseq-eval-lm", lm_data, lm_checkpoint, "--model-overrides", "{'long_range_layers': '1,2'}")
+    assert "no K-Means centroids for the Cluster-Former layer(s) 1 of this model (decoder.layers.0.centroids)" in out
+    assert "it has centroids for layer(s) 4 instead: it was trained with other --long-range-layers" in out
+    assert lm_checkpoint.read_bytes() == before

@@ -16,6 +16,7 @@ from fairseq.models.transformer_lm import (
 from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
+from fairseq_clusterformer.models.centroid_check import check_centroids_loaded
 from fairseq_clusterformer.models.dictionary_fingerprint import check_dictionary, dictionary_file, record_dictionary
 from fairseq_clusterformer.modules.centroid_refresh import check_refreshed_in_training
 from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
@@ -196,6 +197,7 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
         )
         model = cls(decoder)
         record_dictionary(model, dictionary, dictionary_file(task))
+        model.register_load_state_dict_post_hook(check_centroids_loaded)
         return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):

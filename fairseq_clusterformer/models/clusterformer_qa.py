@@ -24,6 +24,7 @@ from fairseq.models.roberta import (
 from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
+from fairseq_clusterformer.models.centroid_check import check_centroids_loaded
 from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES, LongRangePlan, parse_layer_list
 from fairseq_clusterformer.modules.qa_encoder import ClusterFormerQAEncoder
 from fairseq_clusterformer.modules.qa_heads import QAHeads, add_missing_answer_types
@@ -133,6 +134,7 @@ class ClusterFormerQAModel(RobertaModel):
         model = cls(args, encoder, answer_types=task.answer_types)
         if safe_getattr(args, "roberta_path", None):
             model.load_roberta(args.roberta_path, args.roberta_dict)
+        model.register_load_state_dict_post_hook(check_centroids_loaded)
         return model
 
     def load_roberta(self, path: str, dict_path: str | None = None) -> None:
