@@ -177,6 +177,8 @@ def read_weights(file: str) -> dict[str, Tensor]:
         if file.endswith(".safetensors"):
             return load_file(file)
         return torch.load(file, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise  # not a damaged file: the console script names it with its reason
     except (SafetensorError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as error:
         raise HFImportError(
             f"{file}: cannot be read ({error}): the file is truncated or corrupt; copy or download it again"
