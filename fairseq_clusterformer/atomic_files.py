@@ -59,6 +59,22 @@ class AtomicFiles:
         self._created.clear()
 
 
+def check_writable(final: str | os.PathLike) -> None:
+    """Raise the OSError (naming ``final``) that writing it through ``atomic_group`` would meet, so that a script
+    refuses its output path before its work rather than after: a directory at the path, a file where a folder is
+    needed, or a nearest existing folder that this user cannot write in (the folders below it would be made)."""
+    final = Path(final)
+    if final.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory; give the path of a file", str(final))
+    folder = final.parent
+    while not folder.exists():  # ends at the working directory or the root, which exist
+        folder = folder.parent
+    if not folder.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file, not a folder", str(final))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, f"this user cannot write in {folder}", str(final))
+
+
 @contextlib.contextmanager
 def atomic_group() -> Iterator[AtomicFiles]:
     """Yield an ``AtomicFiles``; rename everything on a clean exit, delete the temporaries on an exception."""

@@ -101,7 +101,7 @@ def test_group_cuts_are_runs_of_neighbouring_clusters_balanced_by_share():
     # the shifted grouping cuts elsewhere: no cut point is shared by the two groupings
     cuts = [set(torch.nonzero(row[1:] != row[:-1]).reshape(-1).tolist()) for row in table]
     assert cuts[0] and cuts[1] and not cuts[0] & cuts[1]
-    assert default_groups(3072, 256) == 6 and default_groups(100, 256) == 1
+    assert default_groups(3072, 256, 512) == 6 and default_groups(100, 256, 512) == 1
 
 
 def test_centroid_order_changes_strict_outputs_now():

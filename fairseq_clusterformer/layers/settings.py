@@ -95,8 +95,8 @@ def check_long_range(kind: str, num_clusters: int, causality: str, band_groups: 
         # a group is a run of neighbouring clusters: more groups than clusters leaves groups empty, and the
         # attention pattern is not the one asked for
         raise ValueError(
-            f"--cluster-groups ({band_groups}; 0 means --tokens-per-sample / (2 x --window-size)) must not exceed "
-            f"--num-clusters ({num_clusters}): every group is a run of at least one cluster"
+            f"--cluster-groups {band_groups} must not exceed --num-clusters ({num_clusters}): every group is a run of "
+            "at least one cluster (0, the default, is capped at --num-clusters)"
         )
 
 

@@ -1,5 +1,6 @@
 """The Cluster-Former language model: fairseq's transformer_lm with windowed and clustered layers."""
 
+import logging
 from dataclasses import dataclass, field
 
 from fairseq import options
@@ -17,6 +18,7 @@ from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
 from fairseq_clusterformer.checkpoints.dictionary import check_dictionary, dictionary_file, record_dictionary
+from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
 from fairseq_clusterformer.layers.settings import (
     CAUSALITY_CHOICES,
     LONG_RANGE_CHOICES,
@@ -29,8 +31,10 @@ from fairseq_clusterformer.layers.settings import (
     settings_by_flag,
 )
 from fairseq_clusterformer.lm.decoder import ClusterFormerDecoder
-from fairseq_clusterformer.ops.cluster_groups import default_groups
+from fairseq_clusterformer.ops.cluster_groups import default_groups, segment_groups
 from fairseq_clusterformer.refresh.refresher import check_refreshed_in_training
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -90,7 +94,7 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
         metadata={
             "help": "strict causality: groups of neighbouring clusters (balanced by the memory bank's cluster "
             "populations) that a token draws its --window-size - 1 keys from; 0 = --tokens-per-sample / "
-            "(2 x --window-size)"
+            "(2 x --window-size), at most --num-clusters"
         },
     )
 
@@ -135,11 +139,25 @@ def layer_settings(args) -> LayerSettings:
 
 
 def band_groups(args) -> int:
-    """--cluster-groups, or its default (for 0) for the training segment length; LongRangePlan checks the rest."""
+    """--cluster-groups as given (LongRangePlan refuses one above --num-clusters), or for 0 its default for the
+    training segment length, logged where the strict long-range layers use it.
+
+    The default is capped at --num-clusters. That changes no existing model: a checkpoint stores 0 and comes here
+    again when it is loaded, and before the cap a default above --num-clusters stopped the build of every strict
+    cluster / LSH model, so none was trained with one; other layers and causalities never read the count. Where the
+    default fitted, the cap leaves it as it was."""
     groups = safe_getattr(args, "cluster_groups", 0) or 0
-    if groups == 0:
-        tokens = safe_getattr(args, "tokens_per_sample", None) or args.max_target_positions
-        groups = default_groups(int(tokens), args.window_size)
+    if groups != 0:
+        return groups
+    tokens = int(safe_getattr(args, "tokens_per_sample", None) or args.max_target_positions)
+    groups = default_groups(tokens, args.window_size, args.num_clusters)
+    if str(args.long_range_layer) in ("cluster", "lsh") and str(args.cluster_causality) == "strict":
+        wanted = segment_groups(tokens, args.window_size)
+        capped = f" = {wanted}, capped at --num-clusters {args.num_clusters}" if groups < wanted else ""
+        logger.info(
+            f"--cluster-groups 0 -> {groups} (--tokens-per-sample {tokens} / (2 x --window-size {args.window_size})"
+            f"{capped})"
+        )
     return groups
 
 
@@ -202,6 +220,7 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
         )
         model = cls(decoder)
         record_dictionary(model, dictionary, dictionary_file(task))
+        model.register_load_state_dict_post_hook(check_centroids_loaded)
         return model
 
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):

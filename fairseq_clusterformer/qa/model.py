@@ -24,6 +24,7 @@ from fairseq.models.roberta import (
 from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
+from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
 from fairseq_clusterformer.layers.settings import (
     LONG_RANGE_CHOICES,
     WINDOW_MERGE_CHOICES,
@@ -144,6 +145,7 @@ class ClusterFormerQAModel(RobertaModel):
         model = cls(args, encoder, answer_types=task.answer_types)
         if safe_getattr(args, "roberta_path", None):
             model.load_roberta(args.roberta_path, args.roberta_dict)
+        model.register_load_state_dict_post_hook(check_centroids_loaded)
         return model
 
     def load_roberta(self, path: str, dict_path: str | None = None) -> None:

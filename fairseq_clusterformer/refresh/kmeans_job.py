@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -190,27 +192,68 @@ class PendingSwap:
             job = RefreshJob.finished([LayerResult.from_state_dict(r) for r in saved])
         return cls(number, state["started_at"], state["install_at"], job)
 
-    def join(self) -> None:
-        """When training has ended: join the job that was never installed and report how it ended (its centroids
-        are not installed: no update is left to install them at)."""
+    def join(self) -> tuple[str, BaseException | None]:
+        """When training has ended: join the job that was never installed; (how it ended, the error it raised). Its
+        centroids are not installed: no update is left to install them at."""
         _IN_FLIGHT.discard(self)
         name = f"K-Means job {self.number} (snapshot of update {self.started_at})"
         try:
             self.job.wait()
         except RuntimeError as error:
-            logger.error(f"{name} failed on its background thread: {error.__cause__!r}", exc_info=error)
-            return
-        logger.info(f"training ended before {name} was due for install at update {self.install_at}: joined it")
+            return f"{name} failed on its background thread: {error.__cause__!r}", error
+        return f"training ended before {name} was due for install at update {self.install_at}: joined it", None
 
 
 # background jobs not installed yet; strong references: the task that started one may be gone by the exit hook
 _IN_FLIGHT: set[PendingSwap] = set()
 
 
+def log_is_open(log: logging.Logger) -> bool:
+    """Whether every stream that ``log``'s records reach is still open. The exit hook below runs before logging's
+    own (it was registered after logging's), but a host may close a stream before any exit hook: pytest closes the
+    files that capture a session's output, and a handler bound to one then prints "--- Logging error --- ...
+    I/O operation on closed file" for every record."""
+    current: logging.Logger | None = log
+    while current is not None:
+        for handler in current.handlers:
+            if getattr(getattr(handler, "stream", None), "closed", False):
+                return False
+        current = current.parent if current.propagate else None
+    return True
+
+
+def report_at_exit(outcomes: list[tuple[str, BaseException | None]]) -> None:
+    """Log how the joined jobs ended; where the log is closed, tell the process's own stderr instead (open until
+    the interpreter is gone): one line for the jobs that finished, and every failure with its traceback."""
+    if log_is_open(logger):
+        for message, error in outcomes:
+            if error is None:
+                logger.info(message)
+            else:
+                logger.error(message, exc_info=error)
+        return
+    stream = sys.__stderr__
+    if stream is None or stream.closed:
+        return  # nothing is left to say it on
+    finished = sum(error is None for _, error in outcomes)
+    if finished:
+        print(
+            f"{__name__}: training ended with {finished} K-Means job(s) not yet installed: joined them after the log "
+            "was closed (their centroids are not installed)",
+            file=stream,
+        )
+    for message, error in outcomes:
+        if error is not None:
+            print(f"{__name__}: {message}", file=stream)
+            traceback.print_exception(error, file=stream)
+    stream.flush()
+
+
 @atexit.register
 def _join_in_flight() -> None:
     """fairseq has no end-of-training hook for tasks, and with --no-save nothing saves (which would wait for a job):
-    at interpreter exit, before logging shuts down, join every K-Means thread still running and report its error.
-    Without this the daemon thread would be killed mid-work and a failure never reported."""
-    for pending in list(_IN_FLIGHT):
-        pending.join()
+    at interpreter exit join every K-Means thread still running and report how it ended. Without this the daemon
+    thread would be killed mid-work and a failure never reported."""
+    outcomes = [pending.join() for pending in list(_IN_FLIGHT)]
+    if outcomes:
+        report_at_exit(outcomes)

@@ -16,6 +16,7 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY, FairseqLanguageModel
 
+from fairseq_clusterformer.layers.centroid_check import naming_checkpoint
 from fairseq_clusterformer.lm.model import ClusterFormerLanguageModel
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 
@@ -69,7 +70,8 @@ def load_model(
     """(model in eval mode, cfg, task) of a checkpoint that holds a ``wanted``; on CUDA unless ``cpu`` or none is
     there. Raises ValueError as ``load_checkpoint`` does."""
     state = load_checkpoint(path, arg_overrides, wanted, needed)
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides, state=state)
+    with naming_checkpoint(path):
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides, state=state)
     model = models[0].eval()
     if torch.cuda.is_available() and not cpu:
         model.cuda()

@@ -20,10 +20,12 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import re
 from dataclasses import dataclass
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import Tensor
 
@@ -169,9 +171,18 @@ def weights_file(src: str) -> str:
 
 
 def read_weights(file: str) -> dict[str, Tensor]:
-    if file.endswith(".safetensors"):
-        return load_file(file)
-    return torch.load(file, map_location="cpu", weights_only=True)
+    # a download cut short fails deep in either reader with a message that names no file (safetensors: "incomplete
+    # metadata, file not fully covered"; torch: "[Errno 22] Invalid argument")
+    try:
+        if file.endswith(".safetensors"):
+            return load_file(file)
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except PermissionError:
+        raise  # not a damaged file: the console script names it with its reason
+    except (SafetensorError, RuntimeError, OSError, EOFError, pickle.UnpicklingError) as error:
+        raise HFImportError(
+            f"{file}: cannot be read ({error}): the file is truncated or corrupt; copy or download it again"
+        ) from error
 
 
 def sha256(file: str) -> str:

@@ -10,6 +10,10 @@ for BERT, or vocab.json + merges.txt for RoBERTa, with tokenizer_config.json's s
 - hf_import.json: where it came from and the encoder arguments (layer-norm epsilon, token types, activation,
   positions, sizes) that ``--roberta-path OUT_DIR`` sets for the QA model.
 Files are written under temporary names and renamed together once all of them are complete.
+
+The import never writes over a file it did not create: OUT_DIR may not be SRC_DIR or a folder inside it (symbolic
+links resolved), and an existing OUT_DIR may hold any of the four files only when it is an earlier import's output
+(it has that import's hf_import.json), whose files a new import replaces.
 """
 
 from __future__ import annotations
@@ -37,6 +41,37 @@ from fairseq_clusterformer.scripts.cli_logging import log_like_fairseq, run_cli
 logger = logging.getLogger("fairseq_clusterformer.import_hf")
 
 IMPORT_INFO = "hf_import.json"
+OUTPUT_FILES = ("model.pt", "dict.txt", "tokenizer.json", IMPORT_INFO)
+
+
+def is_import_record(path: str) -> bool:
+    """Whether ``path`` is an hf_import.json that this script wrote (a JSON object with its fields)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and {"source", "weights_sha256", "encoder_args"} <= info.keys()
+
+
+def check_output(src: str, out: str) -> None:
+    """Refuse an OUT_DIR whose writing would replace a file that no import created, before anything is read."""
+    real_src, real_out = os.path.realpath(src), os.path.realpath(out)
+    if os.path.commonpath([real_src, real_out]) == real_src:
+        where = "is" if real_out == real_src else "is inside"
+        raise HFImportError(
+            f"OUT_DIR {out} {where} SRC_DIR {src} ({real_out}): the import would write {', '.join(OUTPUT_FILES)} "
+            "among the source model's files (replacing its own tokenizer.json); give an OUT_DIR outside SRC_DIR"
+        )
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise HFImportError(f"OUT_DIR {out} is a file, not a directory")
+    present = [name for name in OUTPUT_FILES if os.path.lexists(os.path.join(out, name))]
+    if present and not is_import_record(os.path.join(out, IMPORT_INFO)):
+        raise HFImportError(
+            f"OUT_DIR {out} holds {', '.join(present)} that no earlier import wrote (no {IMPORT_INFO} of one): the "
+            "import does not write over files it did not create; give a new or empty OUT_DIR, or an earlier "
+            "import's"
+        )
 
 
 def fairseq_checkpoint(state: dict, info: dict) -> dict:
@@ -57,6 +92,7 @@ def import_hf(src: str, out: str) -> dict:
     """Import ``src`` into ``out``; returns the contents of hf_import.json."""
     if not os.path.isdir(src):
         raise HFImportError(f"SRC_DIR {src}: no such directory")
+    check_output(src, out)
     config = read_config(src)
     weights = weights_file(src)
     settings = hf_vocab.tokenizer_settings(src)

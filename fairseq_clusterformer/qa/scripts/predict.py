@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from fairseq import utils
 
+from fairseq_clusterformer.atomic_files import check_writable
 from fairseq_clusterformer.qa.data.predictions import (
     answer_type_name,
     nq_prediction,
@@ -90,6 +91,7 @@ def predict(model, task, split: str, batch_size: int) -> Iterator[tuple[int, Ans
 
 
 def main(args: argparse.Namespace) -> dict[str, float]:
+    check_writable(args.output)  # before the model is loaded and every question answered
     model, task = load(args)
     data = task.split_data(args.split)
     results = list(predict(model, task, args.split, args.batch_size))
