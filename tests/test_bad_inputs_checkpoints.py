@@ -326,7 +326,7 @@ def test_a_resume_with_other_computing_settings_names_both_values(run_dir, lm_da
     "flags, message",
     [
         (["--long-range-layers", "2,4,2"], "--long-range-layers '2,4,2' names layer(s) [2] more than once"),
-        (["--cluster-groups", "17"], "--cluster-groups (17; 0 means"),
+        (["--cluster-groups", "17"], "--cluster-groups 17 must not exceed --num-clusters (16)"),
         (["--long-range-layers", ""], "--long-range-layers is empty, so no layer would run --long-range-layer cluster"),
     ],
 )
