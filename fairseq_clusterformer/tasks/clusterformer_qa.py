@@ -22,6 +22,7 @@ from fairseq_clusterformer.data.qa_dataset import CONTEXT_OVERFLOW, QADataset, Q
 from fairseq_clusterformer.data.qa_encode import MAX_QUESTION_TOKENS
 from fairseq_clusterformer.data.qa_tokenizers import PARAGRAPH_TOKEN
 from fairseq_clusterformer.ops.spans import AnswerPrediction, decode_answers
+from fairseq_clusterformer.tasks.autocast_bf16 import AutocastBF16Config, AutocastBF16Hooks
 from fairseq_clusterformer.tasks.centroid_hooks import CentroidRefreshHooks, MemoryBankConfig
 from fairseq_clusterformer.tasks.loss_scaler_state import LossScalerResumeHooks
 
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig):
+class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig, AutocastBF16Config):
     data: str = field(default="", metadata={"help": "directory written by fairseq-clusterformer-qa-binarize"})
     max_question_tokens: int = field(
         default=MAX_QUESTION_TOKENS,
@@ -54,7 +55,7 @@ class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig):
 
 
 @register_task("clusterformer_qa", dataclass=ClusterFormerQAConfig)
-class ClusterFormerQATask(LossScalerResumeHooks, CentroidRefreshHooks, FairseqTask):
+class ClusterFormerQATask(LossScalerResumeHooks, CentroidRefreshHooks, AutocastBF16Hooks, FairseqTask):
     """Extractive QA over long contexts; Natural Questions-style data (answer types) adds the NQ heads."""
 
     def __init__(self, cfg: ClusterFormerQAConfig, dictionary: Dictionary, answer_types: bool):
