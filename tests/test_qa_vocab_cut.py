@@ -125,3 +125,35 @@ def test_bad_input_names_the_flag(imported, tmp_path):
     assert not (tmp_path / "o").exists()
     with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=DIR"):
         data_arg(str(imported / "article/bin"))
+
+
+PREPARED = REPO / "data-bin/qa/device"  # benchmarks/qa_device/prepare.sh's WORK and OUT, where they were made
+PAYLOAD = REPO / ".qa-device"
+
+
+@pytest.mark.skipif(not (PREPARED / "cut").is_dir() or not PAYLOAD.is_dir(), reason="no prepared device payload here")
+@pytest.mark.parametrize("kind", ["none", "cluster"])
+def test_the_prepared_payload_computes_the_uncut_minilm_logits(kind):
+    """benchmarks/qa_device/prepare.sh's real payload (all-MiniLM-L6-v2 cut to 18k rows, float16) on three
+    held-out whole articles: exactly the uncut import with float16-rounded weights; against the float32 import,
+    the window-only model moves by float16's rounding, while rounding moves some tokens of a Cluster-Former layer
+    (random initial centroids) into other clusters. Run with -s for the figures."""
+    flags = ["--window-size", "256", "--window-stride", "224", "--max-context-eval", "12000", "--long-range-layer",
+             kind, "--long-range-layers", "5,6"]  # fmt: skip
+    uncut = [PREPARED / "squad_article/bin", "--roberta-path", PREPARED / "encoder", *flags]
+    task, model = build(*uncut, arch="clusterformer_qa_base")
+    model16 = build(*uncut, arch="clusterformer_qa_base")[1]
+    model16.load_state_dict(rounded_to_half(model, task.source_dictionary))
+    cut_task, cut = build(PREPARED / "cut/squad_article", "--roberta-path", PAYLOAD / "encoder", *flags,
+                          arch="clusterformer_qa_base")  # fmt: skip
+    take_new_parameters(cut, cut_task.source_dictionary, model, task.source_dictionary)
+    for index in (0, 700, 1588):
+        with torch.no_grad():
+            ours = torch.cat(list(cut(**batch(cut_task, "valid", [index])["net_input"]).values()))
+            rounded = torch.cat(list(model16(**batch(task, "valid", [index])["net_input"]).values()))
+            theirs = torch.cat(list(model(**batch(task, "valid", [index])["net_input"]).values()))
+        assert torch.equal(ours, rounded)
+        print(f"{kind} question {index}: max |cut float16 - uncut float32| {ours.sub(theirs).abs().max():.2e} of "
+              f"max |logit| {theirs.abs().max():.2f}")  # fmt: skip
+        if kind == "none":
+            assert ours.sub(theirs).abs().max() <= 1e-2 * theirs.abs().max()
