@@ -48,15 +48,19 @@ class RunState:
     samples: list[tuple[float, int]] = field(default_factory=list)  # (time, num_updates) when it changed
     times: dict[str, float] = field(default_factory=dict)
     note: str = ""
+    since: float = 0.0  # rates count from here (set at every give-up)
 
     def done_updates(self) -> int:
         return self.samples[-1][1] if self.samples else 0
 
     def rate(self) -> float | None:
-        """Updates per second over the last RATE_WINDOW_S seconds (from the first logged update on), or None."""
+        """Updates per second over the last RATE_WINDOW_S seconds, and only since ``since`` (the last give-up, which
+        freed a share of the GPU) where two samples lie there; None before two samples."""
         if len(self.samples) < 2:
             return None
-        recent = [s for s in self.samples if s[0] >= self.samples[-1][0] - RATE_WINDOW_S]
+        start = self.samples[-1][0] - RATE_WINDOW_S
+        recent = [s for s in self.samples if s[0] >= max(start, self.since)]
+        recent = recent if len(recent) >= 2 else [s for s in self.samples if s[0] >= start]
         first, last = recent[0] if len(recent) >= 2 else self.samples[0], self.samples[-1]
         return (last[1] - first[1]) / (last[0] - first[0]) if last[0] > first[0] else None
 
@@ -175,6 +179,8 @@ class Controller:
             + (f"{end - self.stop_at:+.0f} s from the stop time" if end is not None else "not yet projected")
         )
         self.last_give_up = now
+        for state in self.training():
+            state.since = now
         self.log(f"{victim.name}: {victim.note}")
 
     def admit(self, now: float) -> None:
@@ -185,8 +191,8 @@ class Controller:
         rates = [s.rate() for s in running] if all(self.measured(s) for s in running) else []
         rates = rates or ([] if running else self.finished_rates)
         if not rates:  # nothing to project with yet: fill up to the initial number of runs
-            if len(self.active("train", "predict", "reach")) < self.initial:
-                self.start(waiting[0], now)
+            for state in waiting[: max(0, self.initial - len(self.active("train", "predict", "reach")))]:
+                self.start(state, now)
             return
         slowdown = len(running) / (len(running) + 1)
         startups = [s.times["first_update"] - s.times["train_start"] for s in self.states if "first_update" in s.times]
