@@ -42,7 +42,7 @@ def to_device(sample, device):
             for k, v in sample.items()}  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["none", "cluster"])
+@pytest.mark.parametrize("kind", ["none", "cluster", "lsh", "sparse"])
 def test_autocast_bf16_runs_the_forward_pass_in_bfloat16_with_float32_loss_and_gradients(qa_data, device, kind):
     task, model = build(qa_data, "--long-range-layer", kind)
     model.to(device)

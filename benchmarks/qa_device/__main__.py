@@ -62,9 +62,13 @@ def unpack(payload: Path, work: Path) -> Path:
         # here would cost the driver torch's start-up
         if hashlib.sha256((payload / name.lstrip("*")).read_bytes()).hexdigest() != digest:
             raise SystemExit(f"{payload}/{name}: its SHA-256 differs from SHA256SUMS; run prepare.sh again")
-    with tarfile.open(payload / "data.tar.xz") as tar:
-        # the archive is our own; the "data" filter (Python >= 3.10.12) refuses links out of the folder all the same
-        tar.extractall(work / "data", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(payload / "data.tar.xz") as tar:
+            # our own archive; the "data" filter (Python >= 3.10.12) refuses links out of the folder all the same
+            tar.extractall(work / "data", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    except tarfile.CompressionError:  # a Python built without lzma: the system's tar and xz
+        subprocess.run(["tar", "-xJf", str(payload / "data.tar.xz"), "-C", str(work / "data")], check=True)
     return work / "data"
 
 
