@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import torch
 
-from fairseq_clusterformer.scripts.qa.qa_predict import load
+from fairseq_clusterformer.qa.scripts.predict import load
 
 
 def get_parser() -> argparse.ArgumentParser:

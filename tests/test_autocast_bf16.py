@@ -6,7 +6,7 @@ import pytest
 import torch
 from fairseq.optim.amp_optimizer import AMPOptimizer
 
-from fairseq_clusterformer.criterions.clusterformer_qa import ClusterFormerQACriterion
+from fairseq_clusterformer.qa.criterion import ClusterFormerQACriterion
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import batch, build
 

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_clusterformer.modules.memory_bank import MemoryBank
+from fairseq_clusterformer.refresh.memory_bank import MemoryBank
 
 
 def rows(start: int, stop: int, dim: int = 3) -> torch.Tensor:
@@ -159,7 +159,7 @@ def test_resumed_banks_go_to_their_layers_device_before_the_first_add():
     the uninterrupted run's). The meta device stands in for a GPU: the test needs no accelerator."""
     from types import SimpleNamespace
 
-    from fairseq_clusterformer.modules.layer_banks import LayerBanks
+    from fairseq_clusterformer.refresh.layer_banks import LayerBanks
 
     saved = MemoryBank(capacity=4)
     saved.add(rows(0, 3))

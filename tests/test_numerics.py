@@ -10,12 +10,12 @@ import torch
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops.attention import masked_attention
 from fairseq_clusterformer.ops.clustering import assign_clusters
 from fairseq_clusterformer.ops.masks import band_mask, window_mask
+from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
 from tests.conftest import PACKAGE
 
 C = 16

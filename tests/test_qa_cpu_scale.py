@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.data.qa_records import QARecord
-from fairseq_clusterformer.scripts.qa import qa_baselines, qa_mlm_text
+from fairseq_clusterformer.qa.data.records import QARecord
+from fairseq_clusterformer.qa.scripts import baselines as qa_baselines
+from fairseq_clusterformer.qa.scripts import mlm_text as qa_mlm_text
 from tests.conftest import REPO
 from tests.test_qa_convert import SQUAD, convert
 

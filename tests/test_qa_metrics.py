@@ -4,8 +4,8 @@ import ast
 
 import pytest
 
-from fairseq_clusterformer.ops import qa_metrics as m
-from fairseq_clusterformer.ops.qa_metrics import NQLabel
+from fairseq_clusterformer.qa.ops import metrics as m
+from fairseq_clusterformer.qa.ops.metrics import NQLabel
 from tests.conftest import PACKAGE
 
 

@@ -1,5 +1,5 @@
-"""The paired bootstrap (ops/paired_bootstrap.py) on cases computed by hand, and the table b report
-(scripts/qa/qa_table.py) on prediction files whose scores are known question by question."""
+"""The paired bootstrap (qa/ops/paired_bootstrap.py) on cases computed by hand, and the table b report
+(qa/scripts/table.py) on prediction files whose scores are known question by question."""
 
 import json
 import subprocess
@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from fairseq_clusterformer.ops.paired_bootstrap import bootstrap_interval, paired_differences
+from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval, paired_differences
 from tests.conftest import REPO
 
 
@@ -87,7 +87,7 @@ def write_runs(root, em_of=None):
 
 
 def qa_table(*args):
-    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.qa.qa_table", *map(str, args)]
+    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit
-from fairseq_clusterformer.modules.qa_pretrained import EMBED_KEY
-from fairseq_clusterformer.scripts.qa.cut_vocab import data_arg
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
+from fairseq_clusterformer.qa.pretrained import EMBED_KEY
+from fairseq_clusterformer.qa.scripts.cut_vocab import data_arg
 from tests.conftest import REPO, run_ok
 from tests.test_qa_model import batch, build
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
@@ -26,7 +26,7 @@ ENV = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}
 
 
 def cut_vocab(*args):
-    return subprocess.run([sys.executable, "-m", "fairseq_clusterformer.scripts.qa.cut_vocab", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "fairseq_clusterformer.qa.scripts.cut_vocab", *map(str, args)],
                           capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
 
 

@@ -7,7 +7,7 @@ Unpacks the payload that benchmarks/qa_device/prepare.sh made (checked against i
 RESULTS/NAME/summary.json already holds its settings (an earlier call's, committed), trains, scores and measures the
 others side by side (schedule.py decides what starts and what is given up), and writes each finished run's folder as
 soon as it is scored. Then RESULTS/runs.json (every run's state over all calls) and the report (report.md / .json,
-by fairseq_clusterformer.scripts.qa.qa_table). --tiny: the CPU dry run's sizes; it refuses to write into
+by fairseq_clusterformer.qa.scripts.table). --tiny: the CPU dry run's sizes; it refuses to write into
 benchmarks/results/, which holds a GPU's results only.
 """
 
@@ -217,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
     for state in states:
         if state.status != "done" and (paths.work / state.name / "train.log").is_file():
             shutil.copyfile(paths.work / state.name / "train.log", call_dir / f"{state.name}.train.log")
-    report = [sys.executable, "-m", "fairseq_clusterformer.scripts.qa.qa_table", "--results", str(results),
+    report = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", str(results),
               "--squad", str(args.squad), "--held-out-from", str(args.held_out_from),
               "--markdown", str(results / "report.md"), "--json", str(results / "report.json")]  # fmt: skip
     code = subprocess.run(report).returncode

@@ -87,7 +87,7 @@ def train_command(run: Run, paths: Paths, tiny: bool, threads: int) -> tuple[lis
 
 def predict_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]:
     """fairseq-clusterformer-qa-predict on every held-out question, whole contexts, in float32."""
-    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.qa.qa_predict", str(paths.data_bin(run)),
+    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.predict", str(paths.data_bin(run)),
                "--path", str(paths.checkpoint(run)), "--split", "valid", "--output", str(output),
                "--batch-size", str(run.settings(tiny)["predict_batch"])]  # fmt: skip
     return command + (["--cpu"] if tiny else [])
@@ -95,6 +95,6 @@ def predict_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[st
 
 def reach_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]:
     """fairseq-clusterformer-qa-reach on every held-out question."""
-    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.qa.qa_reach", str(paths.data_bin(run)),
+    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.reach", str(paths.data_bin(run)),
                "--path", str(paths.checkpoint(run)), "--split", "valid", "--json", str(output)]  # fmt: skip
     return command + (["--cpu"] if tiny else [])
