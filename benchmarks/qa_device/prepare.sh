@@ -19,17 +19,16 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 HF="" DATA=$REPO/examples/data/squad WORK=$REPO/data-bin/qa/device OUT=$REPO/.qa-device BUNDLE=1
-while (($#)); do
-    case "$1" in
-        --hf) HF="$2"; shift 2 ;;
-        --data) DATA="$2"; shift 2 ;;
-        --work) WORK="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --no-bundle) BUNDLE=0; shift ;;
-        -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "$0: unknown flag $1 (see --help)" >&2; exit 2 ;;
-    esac
-done
+# shellcheck source=../../examples/recipe_args.sh
+source "$REPO/examples/recipe_args.sh"
+recipe_flag --hf HF DIR
+recipe_flag --data DATA DIR
+recipe_flag --work WORK DIR
+recipe_flag --out OUT DIR
+recipe_flag --no-bundle BUNDLE =0
+recipe_parse "$@"
+((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (every setting is a flag; see --help)"
+recipe_env int LIMIT_MIB
 LIMIT_MIB=${LIMIT_MIB:-60}
 WORK=$(realpath -m "$WORK") OUT=$(realpath -m "$OUT")
 mkdir -p "$WORK"
