@@ -46,7 +46,7 @@ import torch  # noqa: E402
 from gpu_check.common import Context, machine, machine_line, write_part  # noqa: E402
 
 # imported when run, so that a part that does not even import is that part's error, not the whole run's
-PARTS = {name: f"gpu_check.part_{name}" for name in ("tests", "train", "kmeans", "layers", "generation")}
+PARTS = {name: f"gpu_check.part_{name}" for name in ("tests", "train", "kmeans", "layers", "generation", "model")}
 COMMITTED = BENCHMARKS / "results" / "gpu"
 
 

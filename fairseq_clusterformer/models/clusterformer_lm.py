@@ -18,7 +18,9 @@ from fairseq.utils import safe_getattr
 
 from fairseq_clusterformer.models.dictionary_fingerprint import check_dictionary, dictionary_file, record_dictionary
 from fairseq_clusterformer.modules.centroid_refresh import check_refreshed_in_training
+from fairseq_clusterformer.modules.compiled_layers import COMPILE_CHOICES, configure_layers
 from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
+from fairseq_clusterformer.modules.flex_layers import ATTENTION_BACKENDS
 from fairseq_clusterformer.modules.layer_settings import (
     CAUSALITY_CHOICES,
     LONG_RANGE_CHOICES,
@@ -90,6 +92,20 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
             "help": "strict causality: groups of neighbouring clusters (balanced by the memory bank's cluster "
             "populations) that a token draws its --window-size - 1 keys from; 0 = --tokens-per-sample / "
             "(2 x --window-size)"
+        },
+    )
+    compile_layers: ChoiceEnum(COMPILE_CHOICES) = field(
+        default="off",
+        metadata={
+            "help": "run every windowed and long-range layer's forward through torch.compile(fullgraph=True) ('auto': "
+            "on CUDA only); the cached one-token generation step stays eager. See docs/gpu_speed.md"
+        },
+    )
+    attention_backend: ChoiceEnum(ATTENTION_BACKENDS) = field(
+        default="eager",
+        metadata={
+            "help": "'flex': the layers' attention as one FlexAttention call (CUDA for training; no attention "
+            "dropout); 'eager': scaled_dot_product_attention on windows. See docs/gpu_speed.md"
         },
     )
 
@@ -195,6 +211,11 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
             embed_tokens,
         )
         model = cls(decoder)
+        configure_layers(
+            model.modules(),
+            str(safe_getattr(args, "compile_layers", "off")),
+            str(safe_getattr(args, "attention_backend", "eager")),
+        )
         record_dictionary(model, dictionary, dictionary_file(task))
         return model
 

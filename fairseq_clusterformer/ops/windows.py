@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.ops.tracing import is_compiling
+
 
 def num_windows(length: int, stride: int) -> int:
     """Number of windows K for a sequence of ``length`` tokens: one per stride start below ``length``."""
@@ -38,6 +40,10 @@ def window_index(length: int, size: int, stride: int, device: torch.device | Non
 def pad_to(x: Tensor, length: int, value: float | int | bool = 0) -> Tensor:
     """Right-pad dimension 1 of ``x`` (B x T x ...) to ``length``."""
     extra = length - x.size(1)
+    if is_compiling():
+        # compiled (``--compile-layers``) the length is symbolic: a branch on ``extra``, or an empty filler, would make
+        # one graph for the lengths that are multiples of the stride and one for the others; ``pad`` makes one
+        return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, extra), value=value)
     if extra <= 0:
         return x
     filler = x.new_full((x.size(0), extra, *x.shape[2:]), value)
