@@ -15,7 +15,7 @@ it:
 Layers are built as ``layer_scaling.py`` builds them (the same flags), with dropout 0, batch 1; FlexAttention has no
 backward pass on a CPU and is counted on a GPU only (``make gpu-check``'s ``layers`` part times it).
 
-    OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/ops_per_layer.py
+    TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/ops_per_layer.py
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def count_compiled(kind: str, length: int, args) -> dict:
     }
 
 
-def render(records: list[dict], info: dict) -> str:
+def render(records: list[dict], info: dict, args) -> str:
     lengths = sorted({r["length"] for r in records})
     rows = []
     for kind in KINDS:
@@ -120,13 +120,21 @@ def render(records: list[dict], info: dict) -> str:
         rows.append(cells)
     headers = ["kind", *(f"eager ops, T = {t} (compute)" for t in lengths)]
     headers += [f"compiled kernels, T = {t} (forward + backward)" for t in lengths]
+    compile_s = ", ".join(f"{r['kind']} T={r['length']} {r['compile_s']:.0f} s" for r in records if "compile_s" in r)
     cluster = [r["kernels"] for r in records if r["kind"].startswith("cluster-strict") and "kernels" in r]
     verdict = "met" if cluster and max(cluster) <= TARGET_COMPILED else ("NOT met" if cluster else "not measured")
     return (
         f"# Ops per layer forward+backward\n\nMachine: {info['cpu']}, {info['cores']} cores; torch {info['torch']} "
         f"(CPU), Python {info['python']}; {time.strftime('%Y-%m-%d', time.gmtime())}.\n\n"
         f"{__doc__.split(chr(10) + chr(10), 1)[1].split(chr(10) + chr(10) + '    ')[0].strip()}\n\n"
+        + f"Layer: dim {args.dim}, {args.heads} heads, FFN {args.ffn}, window {args.window} / stride {args.stride}, "
+        f"{args.clusters} clusters, strict mode's {args.groups} groups, batch 1. Command: "
+        f"`TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=1 nice .venv/bin/python "
+        f"{records[0]['command'].strip()}`.\n\n"
         + markdown_table(headers, rows)
+        + "\n\nSeconds to compile one forward + backward (after ``torch._dynamo.reset()``; the latest run started with "
+        "an empty ``TORCHINDUCTOR_CACHE_DIR``, and later cases reuse the kernels earlier ones built; the machine "
+        f"shared with other jobs): {compile_s}."
         + f"\n\nTarget (issue 35): compiled kernels per Cluster-Former (strict) layer forward+backward <= "
         f"{TARGET_COMPILED}: **{verdict}** (largest: {max(cluster) if cluster else 'n/a'}).\n"
     )
@@ -138,12 +146,13 @@ def main(argv=None) -> None:
     p.add_argument("--lengths", default="2048,8192", help="T of every count")
     p.add_argument("--no-compile", action="store_true", help="eager counts only (compiling takes minutes a kind)")
     p.add_argument("--out-dir", type=Path, default=HERE.parent / "results")
+    p.add_argument("--render-only", action="store_true", help="only write the table from the results file")
     own, rest = p.parse_known_args(argv)
     args = layer_args([*rest, "--dropout", "0", "--attention-dropout", "0"])
     out = own.out_dir / "ops_per_layer.jsonl"
-    if out.exists():
+    if out.exists() and not own.render_only:
         out.unlink()
-    for kind in own.kinds.split(","):
+    for kind in [] if own.render_only else own.kinds.split(","):
         for length in (int(t) for t in own.lengths.split(",")):
             record = {"kind": kind, "length": length, **count_eager(kind, length, args)}
             if not own.no_compile:
@@ -155,7 +164,7 @@ def main(argv=None) -> None:
             print(record, flush=True)
             append_jsonl(out, record)
     info = machine_info()
-    text = render(read_jsonl(out), info)
+    text = render(read_jsonl(out), info, args)
     (own.out_dir / "ops_per_layer.md").write_text(text)
     print(text)
 

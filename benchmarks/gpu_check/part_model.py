@@ -68,6 +68,8 @@ def build(model: str, variant: str, args, data, device: torch.device):
     argv = f"{data} --user-dir {PACKAGE} --tokens-per-sample {longest} --max-target-positions {longest} "
     # adaptive_loss asks for fairseq's own DDP (the WikiText-103 recipes' --ddp-backend), though this runs one process
     argv += "--criterion adaptive_loss --ddp-backend legacy_ddp --optimizer adam --lr 0.00001 --seed 1 "
+    # fairseq's trainer saves a crash.pt into --save-dir when a step raises: the work dir, not the repository
+    argv += f"--no-save --save-dir {data.parent / 'checkpoints'} "
     argv += f"--attention-dropout 0 {'--bf16' if device.type == 'cuda' else '--cpu'} {args.shape} "
     if model == "transformer_lm":
         argv += "--task language_modeling --arch transformer_lm_wiki103"
@@ -102,7 +104,9 @@ def measure(ctx: Context, trainer, length: int, args) -> dict:
     }
 
     def step():
-        trainer.train_step([sample])  # the trainer moves the sample to its device
+        # the trainer moves the sample to its device; raise_oom: fairseq would otherwise skip a step that runs out of
+        # memory and go on, and this would time the skipping
+        trainer.train_step([sample], raise_oom=True)
 
     times = time_step(step, ctx.device, args.warmup, args.repeats)
     record = {"median_s": median(times), "times_s": times, "tokens_per_s": length / median(times)}

@@ -48,6 +48,9 @@ COMPILE_OPTIONS: dict = {"fullgraph": True}
 def check_compile_mode(value: str) -> str:
     if value not in COMPILE_CHOICES:
         raise ValueError(f"--compile-layers must be one of {COMPILE_CHOICES}, got {value!r}")
+    if value != "off" and not hasattr(getattr(torch, "compiler", None), "is_compiling"):
+        # the window schemes take their one-graph-for-every-length form only where torch says it is tracing
+        raise ValueError(f"--compile-layers {value} needs torch >= 2.3, this is torch {torch.__version__}")
     return value
 
 

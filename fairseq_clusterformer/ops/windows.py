@@ -84,7 +84,11 @@ def merge_windows(windows: Tensor, length: int, size: int, stride: int) -> Tenso
     index = window_index(length, size, stride, windows.device).reshape(-1)  # K*l
     total = windows.new_zeros(bsz, padded_length(length, size, stride), channels)
     total.index_add_(1, index, windows.reshape(bsz, k * size, channels))  # B x Tp x C
-    return total[:, :length] / coverage(length, size, stride, windows.device, windows.dtype)[None, :, None]
+    # the coverage of K*m positions, a multiple of the stride, cut to T: the same values (a position's coverage does
+    # not depend on T), but compiled by torch 2.13's Inductor for the CPU over a T that is not a multiple of the
+    # stride, the training graph's loop left the last T mod m positions unwritten
+    covered = coverage(k * stride, size, stride, windows.device, windows.dtype)[:length]  # T
+    return total[:, :length] / covered[None, :, None]
 
 
 def coverage(length: int, size: int, stride: int, device: torch.device | None, dtype: torch.dtype) -> Tensor:
