@@ -24,7 +24,7 @@ PYTHON310 ?= $(shell for py in python3.10 "$$(pyenv prefix 3.10 2>/dev/null)/bin
 	"$${PYENV_ROOT:-$$HOME/.pyenv}"/versions/3.10*/bin/python3.10 /usr/bin/python3.10; do \
 	"$$py" -c 'import sys; assert sys.version_info[:2] == (3, 10)' >/dev/null 2>&1 && { echo "$$py"; break; }; done)
 
-.PHONY: help venv demo lint test test-fairseq-0.12.2 gpu-check gpu-bundle clean
+.PHONY: help venv demo lint test test-fairseq-0.12.2 gpu-check gpu-bundle qa-device clean
 
 help: ## list the targets
 	@grep -E '^[a-zA-Z0-9_.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ gpu-check: venv ## GPU validation + figures -> benchmarks/results/gpu/ (tiny on 
 # there `bash benchmarks/gpu_check/device_run.sh` installs them and runs gpu-check within its device budget.
 gpu-bundle: ## wheels for the lent GPU machine -> .gpu-bundle/ (then benchmarks/gpu_check/device_run.sh there)
 	bash benchmarks/gpu_check/bundle.sh
+
+qa-device: venv ## table b's payload for the lent GPU machine -> .qa-device/ (then benchmarks/qa_device/device_run.sh there)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash benchmarks/qa_device/prepare.sh
 
 lint: venv ## ruff check
 	$(VENV)/bin/ruff check .

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops import cluster_stats as stats
-from fairseq_clusterformer.ops.cluster_groups import default_groups, uniform_shares
+from fairseq_clusterformer.ops.cluster_groups import default_groups, segment_groups, uniform_shares
 
 
 def zipf_shares(clusters: int, generator: torch.Generator) -> torch.Tensor:
@@ -57,7 +57,7 @@ def measure(length: int, window: int, stride: int, clusters: int, heads: int, si
     shares = uniform_shares(clusters) if sizes == "uniform" else zipf_shares(clusters, gen)
     ids = torch.multinomial(shares.double(), length, replacement=True, generator=gen)[None]  # 1 x T
     settings = LayerSettings(16, 32, heads, window, stride)
-    groups = default_groups(length, window)
+    groups = default_groups(length, window, clusters)
     row = {}
     for mode in ("paper", "strict"):
         layer = ClusterFormerLayer(settings, clusters, mode, groups)
@@ -84,7 +84,7 @@ def main() -> None:
     args = p.parse_args()
     lines = [
         f"T = {args.length}, l = {args.window}, m = {args.stride}, {args.heads} heads (2 head sets), "
-        f"{default_groups(args.length, args.window)} groups; mean over {args.seeds} draws of the cluster ids.",
+        f"{segment_groups(args.length, args.window)} groups; mean over {args.seeds} draws of the cluster ids.",
         "",
         "| clusters | sizes | keys/query paper | strict | strict/paper | strict, union of heads | own cluster "
         "| only itself: paper / strict / own | beyond l: paper / strict / own |",

@@ -47,21 +47,20 @@ QUADRATIC = {"full"}
 
 def available_kinds() -> list[str]:
     """The kinds measured by default: fairseq's full attention, the sliding window, the Cluster-Former layer in both
-    causality modes and every other long-range choice of ``modules.decoder`` in strict mode (``--kinds lsh-paper``
+    causality modes and every other long-range choice of ``layers.settings`` in strict mode (``--kinds lsh-paper``
     and the like add the rest); with ``--window-merge`` support, the sliding window and the paper-mode Cluster-Former
     again with attention-only merging (suffix ``:attention``; strict mode's band windows do not overlap, so it has
     nothing to merge)."""
-    from fairseq_clusterformer.modules import decoder
-    from fairseq_clusterformer.modules.cluster_layer import CAUSALITY_CHOICES
-    from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+    from fairseq_clusterformer.layers import settings
+    from fairseq_clusterformer.layers.settings import CAUSALITY_CHOICES, LayerSettings
 
     kinds = ["full", "window"]
-    for choice in decoder.LONG_RANGE_CHOICES:
+    for choice in settings.LONG_RANGE_CHOICES:
         if choice == "cluster":
             kinds += [f"cluster-{mode}" for mode in CAUSALITY_CHOICES]
         elif choice != "none":
             kinds.append(f"{choice}-strict")
-    if "window_merge" in _field_names(LayerSettings) | _field_names(decoder.LongRangePlan):
+    if "window_merge" in _field_names(LayerSettings) | _field_names(settings.LongRangePlan):
         kinds += [f"{k}:attention" for k in ("window", "cluster-paper") if k in kinds]
     return kinds
 
@@ -87,8 +86,8 @@ def build(kind: str, args) -> torch.nn.Module:
         cfg.dropout, cfg.attention_dropout, cfg.activation_dropout = args.dropout, args.attention_dropout, args.dropout
         return TransformerDecoderLayerBase(cfg, no_encoder_attn=True)
 
-    from fairseq_clusterformer.modules.decoder import LongRangePlan, build_layer
-    from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+    from fairseq_clusterformer.layers.build import build_layer
+    from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 
     base, _, merge = kind.partition(":")
     merge = merge or "layer"

@@ -5,7 +5,7 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-usage: examples/compare.sh [--preset tiny|small|paper] [--work DIR] [--levels word,char] [--rows all|KEY,...]
+usage: examples/compare.sh [--preset smoke|small|paper] [--work DIR] [--levels word,char] [--rows all|KEY,...]
                            [--threads N] [--updates N] [--word-train FILE] [--word-eval FILE] [--char-text FILE]
                            [--word-data-bin DIR] [--char-data-bin DIR] [--list-rows]
 
@@ -18,9 +18,8 @@ Defaults: --preset small, --work compare-work/<preset>, --threads 2 (OMP_NUM_THR
 word level trains on examples/data/wikitext-2/valid.txt and evaluates on examples/data/wikitext-2/test.txt (cut
 between articles into valid and test halves); character level reads examples/data/tinyshakespeare/input.txt as
 bytes, split 90 % / 5 % / 5 % as enwik8 is. For the paper preset pass --word-data-bin / --char-data-bin made by
-examples/wikitext103/prepare.sh and examples/enwik8/prepare.sh. The presets' settings are those of
-examples/{wikitext103,enwik8}/train.sh --preset tiny|small|paper (both read
-fairseq_clusterformer/scripts/lm/compare_presets.py).
+examples/wikitext103/prepare.sh and examples/enwik8/prepare.sh. What each preset sets: docs/usage.md, "The LM
+presets" (examples/{wikitext103,enwik8}/train.sh --preset run the same; --preset tiny is smoke's old name).
 
 Environment: PYTHON (default: the repository's .venv/bin/python if present, else python).
 USAGE
@@ -35,14 +34,15 @@ default_python=python
 python="${PYTHON:-$default_python}"
 command -v "$python" >/dev/null || { echo "compare.sh: $python not found: set PYTHON" >&2; exit 2; }
 
-preset=small work=""
+# compare_lm's own parser reads and checks every flag; this only picks the default --work of the preset, read as that
+# parser reads it (also --preset=X, and an abbreviation such as --pre X). The default goes first, so that any --work
+# the user gives, in any of its forms, comes later and wins.
+preset=small
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
-  case "${args[$i]}" in
-    --preset) preset="${args[$((i + 1))]:-}" ;;
-    --work) work="${args[$((i + 1))]:-}" ;;
+  case "${args[i]}" in
+    --p | --pr | --pre | --pres | --prese | --preset) preset="${args[i + 1]:-}" ;;
+    --p=* | --pr=* | --pre=* | --pres=* | --prese=* | --preset=*) preset="${args[i]#*=}" ;;
   esac
 done
-extra=()
-[ -n "$work" ] || extra=(--work "compare-work/$preset")
-exec "$python" -m fairseq_clusterformer.scripts.lm.compare_lm "$@" "${extra[@]}"
+exec "$python" -m fairseq_clusterformer.scripts.lm.compare_lm --work "compare-work/$preset" "$@"

@@ -9,6 +9,9 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
+# shellcheck source=recipe_args.sh
+source "$here/recipe_args.sh"
+recipe_env int UPDATES
 text="$here/data/wikitext-2-slice"
 work="${WORK:-$repo/demo-work}"
 updates="${UPDATES:-200}"

@@ -8,33 +8,37 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 user_dir="${USER_DIR:-$repo/fairseq_clusterformer}"
 
 die() { echo "$(basename "$0"): $*" >&2; exit 2; }
+# shellcheck source=recipe_args.sh
+source "$repo/examples/recipe_args.sh"
 
-# --preset / --small / --dry-run / -h, and the positional arguments into $positional
+# --preset / --small / --dry-run / -h, the positional arguments into $positional, then the environment variables
+# given (as names) that must be whole numbers
 parse_recipe_args() {
-  preset=paper dry=0 positional=()
-  while [ $# -gt 0 ]; do
-    case "$1" in
-      -h|--help) usage; exit 0 ;;
-      --small) preset=small; shift ;;
-      --preset) [ $# -ge 2 ] || die "--preset needs a value"; preset="$2"; shift 2 ;;
-      --dry-run) dry=1; shift ;;
-      -*) usage >&2; die "unknown option: $1" ;;
-      *) positional+=("$1"); shift ;;
-    esac
-  done
-  case "$preset" in paper|small|tiny) ;; *) die "--preset must be paper, small or tiny, got '$preset'" ;; esac
-  # preset_<setting>=<value> for every setting of the preset at this recipe's level
+  local ints=()
+  while [ "$1" != -- ]; do ints+=("$1"); shift; done
+  shift
+  preset=paper dry=0
+  recipe_flag --preset preset P
+  recipe_flag --small preset =small
+  recipe_flag --dry-run dry =1
+  recipe_parse "$@"
+  positional=(${RECIPE_ARGS[@]+"${RECIPE_ARGS[@]}"})
+  recipe_env int "${ints[@]}"
+  # tiny: smoke's old name, which compare_presets.py still takes (saying so on stderr)
+  case "$preset" in paper|small|smoke|tiny) ;; *) die "--preset must be paper, small or smoke, got '$preset'" ;; esac
+  # preset_<setting>=<value> for every setting of the preset at this recipe's level, and preset_name
   local values
   values="$("${PYTHON:-python}" "$repo/fairseq_clusterformer/scripts/lm/compare_presets.py" --preset "$preset" \
     --level "$level" --shell)" || die "could not read the $preset preset from compare_presets.py (set PYTHON?)"
   eval "$values"
+  preset="$preset_name"
 }
 
 options_help() {
   cat <<USAGE
 
-  --preset P  paper (the default: the paper's section 4.2), small (CPU-sized: 6 layers of 128 dims, 300 updates of
-              2 segments) or tiny (4 layers of 32 dims, 6 updates: seconds, for tests)
+  --preset P  paper (the default: the paper's section 4.2), small (CPU-sized) or smoke (seconds, for tests; its old
+              name tiny still works); what each sets: docs/usage.md, "The LM presets"
   --small     the same as --preset small
   --dry-run   print the command and exit
   -h, --help  this text
@@ -62,7 +66,7 @@ need_tool() {
 train_main() {
   usage() {
     cat <<USAGE
-usage: examples/$recipe/train.sh [--preset paper|small|tiny | --small] [--dry-run] [DATA_BIN]
+usage: examples/$recipe/train.sh [--preset paper|small|smoke | --small] [--dry-run] [DATA_BIN]
 
 $about
 USAGE
@@ -78,7 +82,8 @@ Every setting is an environment variable (default: the preset's):
   EXTRA_ARGS (appended to the fairseq-train command, word-split)
 USAGE
   }
-  parse_recipe_args "$@"
+  parse_recipe_args CLUSTERS LAYERS HEADS EMBED_DIM FFN_DIM TOKENS WINDOW STRIDE BATCH UPDATE_FREQ GPUS WARMUP UPDATES \
+    MEMORY_SIZE CLUSTER_UPDATE_INTERVAL KMEANS_ITERS SEED NUM_WORKERS LOG_INTERVAL -- "$@"
   [ ${#positional[@]} -le 1 ] || die "one DATA_BIN only (got ${positional[*]})"
   local data="${positional[0]:-$default_data}"
   local long_range="${LONG_RANGE:-cluster}" causality="${CAUSALITY:-strict}" clusters="${CLUSTERS:-$preset_clusters}"
@@ -142,7 +147,7 @@ USAGE
 eval_main() {
   usage() {
     cat <<USAGE
-usage: examples/$recipe/eval.sh [--preset paper|small|tiny | --small] [--dry-run] CHECKPOINT [DATA_BIN]
+usage: examples/$recipe/eval.sh [--preset paper|small|smoke | --small] [--dry-run] CHECKPOINT [DATA_BIN]
 
 $about
 Runs fairseq-eval-lm on the test split of DATA_BIN (default $default_data) with CHECKPOINT (e.g.
@@ -156,7 +161,7 @@ MAX_TOKENS (tokens per batch), SUBSET=test, SOFTMAX_BATCH=1024, LOG (default: ev
 checkpoint), EXTRA_ARGS (appended to the fairseq-eval-lm command, word-split).
 USAGE
   }
-  parse_recipe_args "$@"
+  parse_recipe_args TOKENS CONTEXT_WINDOW MAX_TOKENS SOFTMAX_BATCH -- "$@"
   [ ${#positional[@]} -ge 1 ] && [ ${#positional[@]} -le 2 ] || { usage >&2; die "give CHECKPOINT and optionally DATA_BIN"; }
   local checkpoint="${positional[0]}" data="${positional[1]:-$default_data}" subset="${SUBSET:-test}"
   local log="${LOG:-$(dirname "$checkpoint")/eval-$subset.log}"

@@ -1,12 +1,16 @@
 """Cluster-Former for fairseq: load with ``--user-dir fairseq_clusterformer`` (or ``import fairseq_clusterformer``).
 
-fairseq's --user-dir loader imports models/ and tasks/ by itself but not criterions/, so the package
-imports all three: a plain ``import fairseq_clusterformer`` registers everything too.
+Importing the package makes good what fairseq 0.12 lacks (``compat.patches``: one place, a comment per patch) and
+registers the language model and its task (``lm``) and the QA model, task and criterion (``qa``). fairseq's
+--user-dir loader imports only the package itself here (it would also import ``models/`` and ``tasks/`` folders,
+which this package does not have), so everything is registered from this file. The map of the package:
+docs/architecture.md.
 """
 
-from fairseq_clusterformer.fairseq_compat import restore_official_batching
+from fairseq_clusterformer.compat.patches import install_patches
 
-# before any dataset is batched: fairseq-fixed would silently drop the last batch of every split
-restore_official_batching()
+# before any dataset is batched or checkpoint loaded: see compat/patches.py for what each patch restores
+install_patches()
 
-from fairseq_clusterformer import criterions, models, tasks  # noqa: E402, F401
+from fairseq_clusterformer.lm import model, task  # noqa: E402, F401
+from fairseq_clusterformer.qa import criterion, model, task  # noqa: E402, F401, F811

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from fairseq_clusterformer.modules.decoder import build_layer
-from fairseq_clusterformer.modules.layer_settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.build import build_layer
+from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 
 KINDS = {
     "window": ("none", "strict", "own", {}),

@@ -20,23 +20,21 @@ from fairseq import checkpoint_utils, options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.file_io import PathManager
 
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.layer_settings import LayerSettings
-from fairseq_clusterformer.tasks.checkpoint_files import check_checkpoint_file
-from fairseq_clusterformer.tasks.checkpoint_records import tensor_index, tensor_names
-from fairseq_clusterformer.tasks.checkpoint_writes import (
-    FAIRSEQ_TEMP_IDLE_S,
-    install_atomic_checkpoint_writes,
-    remove_stale_temp_files,
-)
-from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_cli, run_ok
+from fairseq_clusterformer.checkpoints.integrity import verify_checkpoint
+from fairseq_clusterformer.checkpoints.records import tensor_index, tensor_names
+from fairseq_clusterformer.checkpoints.writes import FAIRSEQ_TEMP_IDLE_S, remove_stale_temp_files
+from fairseq_clusterformer.compat.patches import install_patches
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
+from tests.conftest import PACKAGE, REPO, TINY_LM_TRAIN, run_cli, run_ok
 
 # ---- flipped bits: every record's CRC-32 is checked before a checkpoint is loaded ------------------------------------
 
 
-def flip_bit(src, dst, record: str) -> None:
-    """Copy ``src`` to ``dst`` with one bit flipped in the middle of the zip ``record``'s data."""
+def flip_bit(src, dst, record: str, count: int = 1) -> None:
+    """Copy ``src`` to ``dst`` with one bit flipped in each of ``count`` bytes from the middle of the zip ``record``'s
+    data on."""
     shutil.copyfile(src, dst)
     with zipfile.ZipFile(src) as archive:
         info = archive.getinfo(record)
@@ -45,9 +43,9 @@ def flip_bit(src, dst, record: str) -> None:
         name_length, extra_length = struct.unpack("<HH", handle.read(4))
         position = info.header_offset + 30 + name_length + extra_length + info.file_size // 2
         handle.seek(position)
-        byte = handle.read(1)[0]
+        data = handle.read(count)
         handle.seek(position)
-        handle.write(bytes([byte ^ 0x08]))
+        handle.write(bytes(byte ^ 0x08 for byte in data))
 
 
 def record_of(path, tensor: str) -> str:
@@ -62,7 +60,7 @@ def test_a_flipped_bit_names_the_file_the_record_and_the_tensor(tmp_path, tensor
     state = {"model": {"decoder.fc1.weight": torch.randn(64, 64), "decoder.fc1.bias": torch.randn(64)}}
     state["last_optimizer_state"] = {"state": {0: {"exp_avg": torch.randn(64, 64)}}}
     torch.save(state, whole)
-    check_checkpoint_file(str(whole), "--path")
+    verify_checkpoint(str(whole), "--path")
     flipped = tmp_path / "flipped.pt"
     record = record_of(whole, tensor)
     flip_bit(whole, flipped, record)
@@ -70,7 +68,7 @@ def test_a_flipped_bit_names_the_file_the_record_and_the_tensor(tmp_path, tensor
     with pytest.raises(
         ValueError, match=f"--restore-file {flipped} is corrupted: record {record} \\(tensor {tensor}\\)"
     ):
-        check_checkpoint_file(str(flipped), "--restore-file")
+        verify_checkpoint(str(flipped), "--restore-file")
 
 
 def test_a_flipped_bit_in_the_pickled_index_is_named(tmp_path):
@@ -78,7 +76,7 @@ def test_a_flipped_bit_in_the_pickled_index_is_named(tmp_path):
     torch.save({"model": {"w": torch.ones(3)}, "note": "x" * 1000}, whole)
     flip_bit(whole, flipped, "whole/data.pkl")
     with pytest.raises(ValueError, match="record whole/data.pkl \\(the pickled index of the checkpoint\\)"):
-        check_checkpoint_file(str(flipped), "--path")
+        verify_checkpoint(str(flipped), "--path")
 
 
 # ---- writes a kill cannot leave half done, and the debris of killed runs ---------------------------------------------
@@ -113,7 +111,7 @@ def test_temp_files_of_dead_writers_are_removed_and_live_ones_kept(tmp_path, cap
 
 
 def test_a_copy_killed_half_way_leaves_the_old_checkpoint_whole(tmp_path, monkeypatch):
-    install_atomic_checkpoint_writes()
+    install_patches()
     new, last = tmp_path / "checkpoint_1_8.pt", tmp_path / "checkpoint_last.pt"
     new.write_bytes(b"new" * 1000)
     last.write_bytes(b"old" * 1000)
@@ -131,7 +129,7 @@ def test_a_copy_killed_half_way_leaves_the_old_checkpoint_whole(tmp_path, monkey
 
 
 def test_a_save_that_fails_leaves_the_old_checkpoint_and_no_temp_file(tmp_path, monkeypatch):
-    install_atomic_checkpoint_writes()
+    install_patches()
     last = tmp_path / "checkpoint_last.pt"
     torch.save({"w": torch.zeros(2)}, last)
     before = last.read_bytes()
@@ -244,6 +242,43 @@ def test_a_flipped_bit_stops_the_resume(run_dir, lm_data, tmp_path):
     )
 
 
+OLD_QA = REPO / "tests" / "data" / "old_checkpoints" / "qa"
+EVAL_LM = ["--tokens-per-sample", "200", "--batch-size", "4", "--num-workers", "0", "--cpu"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "tool, args, flag",
+    [
+        ("fairseq-eval-lm", ["--user-dir", PACKAGE, *EVAL_LM], "--path"),  # the README's command: no --task
+        ("fairseq-clusterformer-causal-eval", EVAL_LM, "--path"),
+        (
+            "fairseq-clusterformer-longrange",
+            [*EVAL_LM[:2], "--context-window", "100", "--reach", "20", "--cpu"],
+            "--path",
+        ),
+        ("fairseq-train", [*TRAIN, "--max-update", "1"], "--finetune-from-model"),
+        ("fairseq-clusterformer-qa-predict", ["--split", "valid", "--cpu"], "--path"),
+    ],
+)
+def test_a_flipped_weight_stops_every_load_path(run_dir, lm_data, tmp_path, tool, args, flag):
+    """Eight flipped bytes in a weight are caught wherever a checkpoint is loaded, not only where the plug-in's task
+    loads it: before, plain fairseq-eval-lm printed a perplexity of 1159.44 instead of 1158.46, exit 0."""
+    qa = tool.endswith("qa-predict")
+    source = OLD_QA / "checkpoint.pt" if qa else run_dir[0] / "checkpoint_last.pt"
+    tensor = "model.qa_heads.span.weight" if qa else "model.decoder.embed_tokens.weight"
+    flipped = tmp_path / "flipped.pt"
+    record = record_of(source, tensor)
+    flip_bit(source, flipped, record, count=8)
+    data = OLD_QA / "bin" if qa else lm_data
+    where = (
+        ["--save-dir", tmp_path / "s"] if tool == "fairseq-train" else ["--output", tmp_path / "p.json"] if qa else []
+    )
+    out = failure(tool, data, *args, *where, flag, flipped)
+    assert f"{flag} {flipped} is corrupted: record {record} (tensor {tensor})" in out.strip().splitlines()[-1]
+    assert not list(tmp_path.glob("s/*.pt")) and not (tmp_path / "p.json").exists()
+
+
 @pytest.mark.e2e
 def test_a_resume_that_does_not_fit_says_which_layers_differ(run_dir, lm_data, tmp_path):
     last = run_dir[0] / "checkpoint_last.pt"
@@ -261,11 +296,37 @@ def test_a_resume_that_does_not_fit_says_which_layers_differ(run_dir, lm_data, t
     assert f"--restore-file {bare} has no K-Means centroid buffers" in out and "Cluster-Former layers [2, 4]" in out
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "flags, trained, given",
+    [
+        (
+            ["--window-size", "32", "--window-stride", "16"],
+            "--window-size 64 --window-stride 32 --cluster-groups 2",
+            "--window-size 32 --window-stride 16 --cluster-groups 3",
+        ),
+        (["--cluster-causality", "paper"], "--cluster-causality strict", "--cluster-causality paper"),
+        (["--long-range-values", "next"], "--long-range-values own", "--long-range-values next"),
+    ],
+)
+def test_a_resume_with_other_computing_settings_names_both_values(run_dir, lm_data, tmp_path, flags, trained, given):
+    """Same shapes, so fairseq would load the weights and train on as another model; the run stops naming the flags,
+    with the checkpoint's values and the command line's (the default --cluster-groups follows the window)."""
+    save = run_dir[0]
+    before = {name: (save / name).read_bytes() for name in os.listdir(save)}
+    resume = [*TRAIN, "--max-update", "4", "--save-dir", tmp_path / "s", "--restore-file", save / "checkpoint_last.pt"]
+    out = failure("fairseq-train", lm_data, *resume, *flags)
+    last = out.strip().splitlines()[-1]
+    assert f"--restore-file {save / 'checkpoint_last.pt'} was trained with {trained}" in last
+    assert f"but the command line gives {given}" in last
+    assert {name: (save / name).read_bytes() for name in os.listdir(save)} == before
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
         (["--long-range-layers", "2,4,2"], "--long-range-layers '2,4,2' names layer(s) [2] more than once"),
-        (["--cluster-groups", "17"], "--cluster-groups (17; 0 means"),
+        (["--cluster-groups", "17"], "--cluster-groups 17 must not exceed --num-clusters (16)"),
         (["--long-range-layers", ""], "--long-range-layers is empty, so no layer would run --long-range-layer cluster"),
     ],
 )

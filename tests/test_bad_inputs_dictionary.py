@@ -9,8 +9,8 @@ import torch
 from fairseq.data import Dictionary
 from torch import nn
 
-from fairseq_clusterformer.models import dictionary_fingerprint
-from fairseq_clusterformer.models.dictionary_fingerprint import BUFFER, check_dictionary, record_dictionary
+from fairseq_clusterformer.checkpoints import dictionary as dictionary_fingerprint
+from fairseq_clusterformer.checkpoints.dictionary import BUFFER, check_dictionary, record_dictionary
 from tests.conftest import PACKAGE, SLICE, TINY_LM_TRAIN, run_cli, run_ok
 
 WORDS = ["the", "of", "and", "in"]

@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from fairseq_clusterformer.modules import memory_bank
-from fairseq_clusterformer.modules.memory_bank import MemoryBank
+from fairseq_clusterformer.refresh import memory_bank
+from fairseq_clusterformer.refresh.memory_bank import MemoryBank
 from tests.conftest import PACKAGE, REPO, SLICE, TINY_LM_TRAIN, run_cli, run_ok
 from tests.data.qa_model.synthetic import make_record, shared_data
 

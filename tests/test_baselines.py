@@ -6,10 +6,11 @@ import dataclasses
 import pytest
 import torch
 
-from fairseq_clusterformer.modules.baseline_layers import LSHLayer, StridedSparseLayer
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES, LongRangePlan, build_layer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings, SlidingWindowLayer
+from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
+from fairseq_clusterformer.layers.build import build_layer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LONG_RANGE_CHOICES, LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from tests.reference import (
     attention_merge_reference,
     lsh_ids_reference,

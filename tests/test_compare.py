@@ -1,5 +1,5 @@
 """The Table 3 comparison driver: its rows, its data preparation, and every row through the real fairseq-train and
-fairseq-eval-lm at the tiny preset."""
+fairseq-eval-lm at the smoke preset, and the smoke preset's old name."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import sys
 import pytest
 from fairseq import options
 
-from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES
+from fairseq_clusterformer.layers.settings import LONG_RANGE_CHOICES
 from fairseq_clusterformer.scripts.lm import compare_data, compare_lm
 from fairseq_clusterformer.scripts.lm.compare_presets import PRESETS, ROWS, train_args
 from tests.conftest import PACKAGE, REPO, SLICE
@@ -43,11 +43,19 @@ def test_every_row_of_a_level_gets_the_same_model_and_schedule(preset, tmp_path)
             assert (args.long_range_layer, args.cluster_causality) == (row.kind, row.causality)
             if row.clusters:
                 assert args.num_clusters == row.clusters
-            assert args.tokens_per_sample > 2 * args.window_size or preset == "tiny"
+            assert args.tokens_per_sample > 2 * args.window_size or preset == "smoke"
             shared.add(
                 (args.decoder_layers, args.decoder_embed_dim, args.long_range_layers, args.max_update, args.lr[0])
             )
         assert len(shared) == 1, f"{preset}/{level}: rows differ in {shared}"
+
+
+def test_the_old_name_of_the_smoke_preset_still_runs_it(tmp_path, capsys):
+    """--preset tiny, before the rename to smoke (tiny is also the 64-dim clusterformer_lm_tiny), still parses."""
+    assert compare_lm.parse_args(["--preset", "tiny", "--work", str(tmp_path)]).preset == "smoke"
+    assert "--preset tiny was renamed --preset smoke" in capsys.readouterr().err
+    assert compare_lm.parse_args(["--work", str(tmp_path)]).preset == "small"
+    assert capsys.readouterr().err == ""
 
 
 def test_evaluation_text_is_cut_between_articles():
@@ -61,7 +69,7 @@ def test_evaluation_text_is_cut_between_articles():
 
 def run_compare(work, *args):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.lm.compare_lm", "--preset", "tiny", "--work", work]
+    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.lm.compare_lm", "--preset", "smoke", "--work", work]
     proc = subprocess.run(
         [*command, "--threads", "1", *map(str, args)],
         env=env,
@@ -112,7 +120,7 @@ def test_every_row_trains_and_evaluates_through_the_real_cli(compared):
         log = (work / "word" / row.key / "eval.log").read_text()
         loss = float(re.search(r"Loss \(base 2\): ([\d.]+)", log).group(1))
         assert float(ppl) == pytest.approx(2**loss, rel=1e-3) == pytest.approx(result["metric"], rel=1e-3)
-        assert int(updates) == PRESETS["tiny"]["word"].updates
+        assert int(updates) == PRESETS["smoke"]["word"].updates
         assert f"--long-range-layer {row.kind} " in result["train_command"]
         assert f"--cluster-causality {row.causality}" in result["train_command"]
         assert (f"--num-clusters {row.clusters}" in result["train_command"]) == bool(row.clusters)

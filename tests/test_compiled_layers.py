@@ -18,11 +18,11 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from fairseq_clusterformer.modules.compiled_layers import configure_layers, wants_compile
-from fairseq_clusterformer.modules.layer_settings import LayerSettings
-from fairseq_clusterformer.modules.qa_encoder import qa_window_pass
-from fairseq_clusterformer.modules.sorted_window_layer import SortedWindowLayer
-from fairseq_clusterformer.modules.windowed_layer import SlidingWindowLayer
+from fairseq_clusterformer.layers.compiled import configure_layers, wants_compile
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.layers.sorted_window import SortedWindowLayer
+from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
+from fairseq_clusterformer.qa.encoder import qa_window_pass
 from tests.layer_kinds import KINDS
 from tests.layer_kinds import make as make_kind
 

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
 
 CLUSTERS, DIM, UPDATES = 4, 8, 4
 SAVED_AT = 2  # the checkpoint is taken before this update, as fairseq saves after the update before it

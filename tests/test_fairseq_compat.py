@@ -4,7 +4,7 @@ import numpy as np
 from fairseq.data import data_utils
 
 import fairseq_clusterformer  # noqa: F401  (installs the work-arounds)
-from fairseq_clusterformer.fairseq_compat import drops_last_batch, keep_last_batch
+from fairseq_clusterformer.compat.patches import drops_last_batch, keep_last_batch
 
 
 def dropping(indices, num_tokens_fn, max_sentences=None, required_batch_size_multiple=1, **_):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_clusterformer.modules.compiled_layers import configure_layers
-from fairseq_clusterformer.modules.decoder import build_layer
-from fairseq_clusterformer.modules.layer_settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.build import build_layer
+from fairseq_clusterformer.layers.compiled import configure_layers
+from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from fairseq_clusterformer.ops import flex_windows
 from tests.data.qa_model.synthetic import shared_data
 from tests.layer_kinds import KINDS
@@ -77,8 +77,8 @@ def test_compiled_flex_layers_trace_whole_and_compute_the_same(kind):
     cache is read while traced) and the layer still traces as one graph. Through AOT autograd without Inductor:
     Inductor's CPU FlexAttention kernel takes none of these masks (NoValidChoicesError), and on a CPU there is no
     backward pass to compile; the GPU's kernels run in ``make gpu-check``'s ``layers`` part."""
-    from fairseq_clusterformer.modules.sorted_window_layer import SortedWindowLayer
-    from fairseq_clusterformer.modules.windowed_layer import SlidingWindowLayer
+    from fairseq_clusterformer.layers.sorted_window import SortedWindowLayer
+    from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 
     layer = make(kind).eval()
     layer.attention_backend = "flex"

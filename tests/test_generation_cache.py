@@ -15,8 +15,8 @@ import torch
 from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.sequence_generator import SequenceGenerator
 
-from fairseq_clusterformer.models.clusterformer_lm import ClusterFormerLanguageModel
-from fairseq_clusterformer.modules.decoder import CACHE_KEY
+from fairseq_clusterformer.lm.decoder import CACHE_KEY
+from fairseq_clusterformer.lm.model import ClusterFormerLanguageModel
 from fairseq_clusterformer.ops.step_cache import empty_rows, gather_rows, push_rows, ring_filled, step_window_mask
 from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_ok
 from tests.test_model import build

@@ -12,8 +12,8 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
-from fairseq_clusterformer.modules.hf_import import HFImportError
-from fairseq_clusterformer.scripts.qa.import_hf import import_hf
+from fairseq_clusterformer.qa.hf.weights import HFImportError
+from fairseq_clusterformer.qa.scripts.import_hf import import_hf
 from tests.conftest import PACKAGE, run_cli, run_ok
 from tests.hf_sources import SENTENCES, bert_vocab, load_reference, make_bert, make_roberta
 

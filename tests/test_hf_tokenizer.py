@@ -17,12 +17,12 @@ from fairseq import tasks
 from fairseq.data import Dictionary
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit
-from fairseq_clusterformer.data.qa_context_text import span_text_from_offsets
-from fairseq_clusterformer.data.qa_hf_tokenizer import HFTokenizer, hf_dictionary
-from fairseq_clusterformer.data.qa_records import SkipLog, read_records
-from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_covering_tokens, token_char_offsets
-from fairseq_clusterformer.ops.qa_metrics import squad_scores
+from fairseq_clusterformer.qa.data.answer_spans import ParagraphTokenizer, char_span_covering_tokens, token_char_offsets
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
+from fairseq_clusterformer.qa.data.context_text import span_text_from_offsets
+from fairseq_clusterformer.qa.data.hf_tokenizer import HFTokenizer, hf_dictionary
+from fairseq_clusterformer.qa.data.records import SkipLog, read_records
+from fairseq_clusterformer.qa.ops.metrics import squad_scores
 from tests.conftest import run_cli, run_ok
 from tests.test_qa_model import parse
 

@@ -21,9 +21,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
 
 aten = torch.ops.aten
 PACKAGE = Path(__file__).resolve().parents[1] / "fairseq_clusterformer"
@@ -210,7 +210,7 @@ def test_an_lm_generation_step_with_the_cache_does_not_sync(lm_data, device):
 def test_a_qa_training_step_does_not_sync(tmp_path_factory, device):
     from fairseq.utils import apply_to_sample
 
-    from fairseq_clusterformer.criterions.clusterformer_qa import ClusterFormerQACriterion
+    from fairseq_clusterformer.qa.criterion import ClusterFormerQACriterion
     from tests.data.qa_model.synthetic import shared_data
     from tests.test_qa_model import batch, build
 

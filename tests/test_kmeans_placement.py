@@ -70,7 +70,7 @@ def test_fixed_order_cluster_sums_equal_index_add():
 
 def test_a_refresh_inside_autocast_computes_in_float32():
     # fairseq's --amp wraps the training step, and with it a synchronous refresh, in autocast
-    from fairseq_clusterformer.modules.kmeans_job import refresh_layer
+    from fairseq_clusterformer.refresh.kmeans_job import refresh_layer
 
     states = torch.randn(3000, 32, generator=torch.Generator().manual_seed(2))
     plain = refresh_layer(states, 16, 10, seed=1, backend="torch")

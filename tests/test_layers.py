@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings, SlidingWindowLayer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from tests.reference import (
     cluster_paper_reference,
     cluster_strict_reference,

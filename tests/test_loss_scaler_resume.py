@@ -9,7 +9,7 @@ stopped after update 2 and resumed doubled it only after update 5 (4 -> 8), and 
 
 import torch
 
-from fairseq_clusterformer.tasks.loss_scaler_state import SCALER_KEY, restore_scaler, scaler_state
+from fairseq_clusterformer.compat.loss_scaler import SCALER_KEY, restore_scaler, scaler_state
 from tests.conftest import TINY_LM_TRAIN, run_ok
 
 HALF = ["--memory-efficient-fp16", "--fp16-init-scale", "4", "--fp16-scale-window", "3", "--seed", "1"]

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_clusterformer.modules.memory_bank import MemoryBank
+from fairseq_clusterformer.refresh.memory_bank import MemoryBank
 
 
 def rows(start: int, stop: int, dim: int = 3) -> torch.Tensor:
@@ -157,14 +157,18 @@ def test_resumed_banks_go_to_their_layers_device_before_the_first_add():
     """A checkpoint keeps the rows on the CPU; after a resume they must sit where the layer is (its GPU in training),
     or a refresh due before the first ``add`` snapshots CPU rows and runs K-Means on the CPU (other centroids than
     the uninterrupted run's). The meta device stands in for a GPU: the test needs no accelerator."""
-    from types import SimpleNamespace
+    from fairseq_clusterformer.refresh.layer_banks import LayerBanks
 
-    from fairseq_clusterformer.modules.layer_banks import LayerBanks
+    class Layer(torch.nn.Module):  # what a bank needs of its layer: a module (it hooks it), clusters, centroids
+        num_clusters = 2
+
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("centroids", torch.zeros(2, 3, device="meta"))
 
     saved = MemoryBank(capacity=4)
     saved.add(rows(0, 3))
-    layer = SimpleNamespace(num_clusters=2, centroids=torch.zeros(2, 3, device="meta"), state_sink=None)
-    banks = LayerBanks([layer], capacity=4, sample_per_batch=0, seed=1)
+    banks = LayerBanks([Layer()], capacity=4, sample_per_batch=0, seed=1)
     banks.load_state_dict([saved.state_dict()])
     assert banks[0].device == torch.device("meta")
     assert banks.snapshots()[0].device == torch.device("meta")

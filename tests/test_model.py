@@ -5,9 +5,9 @@ import torch
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from fairseq_clusterformer.modules.baseline_layers import LSHLayer, StridedSparseLayer
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import SlidingWindowLayer
+from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from tests.conftest import PACKAGE
 
 

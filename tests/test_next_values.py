@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_clusterformer.modules.baseline_layers import LSHLayer, StridedSparseLayer
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.layer_settings import LongRangePlan
+from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LongRangePlan
 from fairseq_clusterformer.ops import attention
 from fairseq_clusterformer.ops.attention import (
     masked_attention,

@@ -14,9 +14,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fairseq_clusterformer.modules.cluster_layer import CAUSALITY_CHOICES
-from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES, LongRangePlan, build_layer
-from fairseq_clusterformer.modules.windowed_layer import WINDOW_MERGE_CHOICES, LayerSettings
+from fairseq_clusterformer.layers.build import build_layer
+from fairseq_clusterformer.layers.settings import (
+    CAUSALITY_CHOICES,
+    LONG_RANGE_CHOICES,
+    WINDOW_MERGE_CHOICES,
+    LayerSettings,
+    LongRangePlan,
+)
 from tests.reference import sliding_reference
 
 DIM, HEADS, WINDOW, STRIDE = 16, 2, 8, 4

@@ -10,12 +10,12 @@ import torch
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops.attention import masked_attention
 from fairseq_clusterformer.ops.clustering import assign_clusters
 from fairseq_clusterformer.ops.masks import band_mask, window_mask
+from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
 from tests.conftest import PACKAGE
 
 C = 16
@@ -105,12 +105,12 @@ def test_kmeans_on_a_degenerate_bank_keeps_the_old_centroids_and_warns(distinct,
     directions = torch.randn(distinct, C, generator=torch.Generator().manual_seed(4))
     layer(directions.repeat(40, 1).unsqueeze(0))  # 40 * distinct states, only `distinct` directions
     refresher.commit()
-    before = layer.centroids.clone()
+    before, counted = layer.centroids.clone(), refresher.layer_refreshes  # the layer's own count: 1 (set by hand)
     with caplog.at_level(logging.WARNING):
         refresher.before_step(1)
     assert torch.equal(layer.centroids, before)
     assert "fewer than 4 distinct directions; keeping the previous centroids" in caplog.text
-    assert refresher.layer_refreshes == [0]
+    assert refresher.layer_refreshes == counted == [1]
 
 
 def test_kmeans_on_a_healthy_bank_does_replace_the_centroids():
@@ -120,7 +120,8 @@ def test_kmeans_on_a_healthy_bank_does_replace_the_centroids():
     refresher.commit()
     before = layer.centroids.clone()
     refresher.before_step(1)
-    assert not torch.equal(layer.centroids, before) and refresher.layer_refreshes == [1]
+    # one more than the count the layer had (its centroids were set by hand once)
+    assert not torch.equal(layer.centroids, before) and refresher.layer_refreshes == [2]
 
 
 @pytest.mark.e2e

@@ -5,7 +5,7 @@ from unittest import mock
 
 import pytest
 
-from fairseq_clusterformer.tasks.centroid_hooks import CentroidRefreshHooks
+from fairseq_clusterformer.refresh.task_hooks import CentroidRefreshHooks
 
 
 class FailingTask:

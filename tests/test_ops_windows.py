@@ -14,9 +14,9 @@ from fairseq_clusterformer.ops.clustering import (
     inverse_permutation,
     stable_sort,
 )
-from fairseq_clusterformer.ops.qa_windows import QAInputWindows, QALayout, QAWindows
 from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
 from fairseq_clusterformer.ops.windows import coverage, merge_windows, window_index
+from fairseq_clusterformer.qa.ops.windows import QAInputWindows, QALayout, QAWindows
 
 
 def test_ops_never_import_fairseq():

@@ -11,9 +11,9 @@ prefix for every kind. B = batch, T = tokens, C = channels.
 import pytest
 import torch
 
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.decoder import LongRangePlan, build_layer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.build import build_layer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from tests.test_model import build
 
 C = 8

@@ -1,6 +1,7 @@
 """One source for the LM presets: examples/{wikitext103,enwik8}/{train,eval}.sh run exactly what compare_presets.py
-says (the settings compare.sh runs), the small preset is the one the measured tables ran, and the paper preset
-describes its named architectures truthfully."""
+says (the settings compare.sh runs), the small preset is the one the measured tables ran, the paper preset
+describes its named architectures truthfully, docs/usage.md's table shows what the file defines, and the renamed
+preset's old name still runs."""
 
 import re
 import shlex
@@ -20,6 +21,22 @@ CASES = [(preset, recipe) for preset in sorted(PRESETS) for recipe in RECIPES]
 # how a run is driven, not what it trains: compare_lm validates and saves once at the end into its own folders
 RUN_CONTROL = {"data", "save_dir", "num_workers", "validate_interval", "save_interval", "no_epoch_checkpoints"}
 MEASURED = REPO / "benchmarks" / "results" / "compare-small-seeds" / "results.md"
+USAGE = REPO / "docs" / "usage.md"
+# docs/usage.md's table of the presets: its columns, and what each of its rows shows of a preset (every setting but
+# the log interval, and whether the dimensions are passed or left to the named architecture)
+TABLE_COLUMNS = {"`smoke`": ("smoke", "word")}
+TABLE_COLUMNS.update({f"`{p}`, {level}": (p, level) for p in ("small", "paper") for level in ("word", "char")})
+TABLE_ROWS = {
+    "`--arch`": lambda s: f"`{s.arch}`",
+    "layers; dims / FFN / heads": lambda s: f"{s.layers}; {s.embed_dim} / {s.ffn_dim} / {s.heads}",
+    "long-range layers; clusters": lambda s: f"{s.long_range_layers}; {s.clusters}",
+    "segment tokens; window / stride": lambda s: f"{s.tokens:,}; {s.window} / {s.stride}",
+    "segments per update; updates": lambda s: f"{s.batch}; {s.updates:,}",
+    "optimizer; lr; warm-up; clip": lambda s: f"{s.optimizer}; {s.lr:g}; {s.warmup:,}; {s.clip:g}",
+    "dropout; criterion": lambda s: f"{s.dropout:g}; {s.criterion}",
+    "memory bank; K-Means every; iterations": lambda s: f"{s.memory_size:,}; {s.refresh_interval:,}; {s.kmeans_iters}",
+    "eval-lm `--context-window`; `--max-tokens`": lambda s: f"{s.context_window:,}; {s.eval_max_tokens:,}",
+}
 
 
 def parse_train(argv):
@@ -96,12 +113,40 @@ def test_overrides_and_the_small_alias():
     )
     paper = parse_dry_run("wikitext103", GPUS="0", LAYERS="12", CLUSTER_UPDATE_INTERVAL="7", MAX_TOKENS="1")
     assert (paper.decoder_layers, paper.decoder_embed_dim, paper.cluster_update_interval) == (12, 1024, 7)
-    tiny = parse_dry_run("wikitext103", "--preset", "tiny", GPUS="0", EMBED_DIM="48", LOG_INTERVAL="3")
-    assert (tiny.decoder_embed_dim, tiny.decoder_layers, tiny.log_interval) == (48, 4, 3)
+    smoke = parse_dry_run("wikitext103", "--preset", "smoke", GPUS="0", EMBED_DIM="48", LOG_INTERVAL="3")
+    assert (smoke.decoder_embed_dim, smoke.decoder_layers, smoke.log_interval) == (48, 4, 3)
     code, out = script("wikitext103", "train", "--preset", "huge", "--dry-run", GPUS="0")
-    assert code == 2 and "--preset must be paper, small or tiny, got 'huge'" in out
+    assert code == 2 and "--preset must be paper, small or smoke, got 'huge'" in out
     code, out = script("enwik8", "eval", "--dry-run")
     assert code == 2 and "give CHECKPOINT" in out
+
+
+def presets_table() -> str:
+    """The markdown table of the presets, as docs/usage.md must show it."""
+    lines = ["| setting | " + " | ".join(TABLE_COLUMNS) + " |", "| --- " * (len(TABLE_COLUMNS) + 1) + "|"]
+    for label, show in TABLE_ROWS.items():
+        cells = [show(PRESETS[preset][level]) for preset, level in TABLE_COLUMNS.values()]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def test_the_docs_table_shows_what_the_presets_define():
+    assert PRESETS["smoke"]["word"] == PRESETS["smoke"]["char"]  # one column for both levels
+    assert presets_table() in USAGE.read_text(encoding="utf-8"), "docs/usage.md's presets table should be:\n" + (
+        presets_table()
+    )
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_the_old_name_of_the_smoke_preset_still_runs_it(recipe):
+    """A command written before the rename (tiny is also the 64-dim clusterformer_lm_tiny) runs what --preset smoke
+    runs, into smoke's checkpoint folder, and says that the preset was renamed."""
+    for name, args in (("train", ()), ("eval", ("some/checkpoint.pt",))):
+        old = script_ok(recipe, name, "--dry-run", "--preset", "tiny", *args, GPUS="0")
+        new = script_ok(recipe, name, "--dry-run", "--preset", "smoke", *args, GPUS="0")
+        assert "--preset tiny was renamed --preset smoke" in old and "renamed" not in new
+        assert old.strip().splitlines()[-1] == new.strip().splitlines()[-1]
+    assert parse_dry_run(recipe, "--preset", "tiny", GPUS="0").save_dir.endswith("-smoke")
 
 
 def run_presets(*args):

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.decoder import LONG_RANGE_CHOICES, LongRangePlan, build_layer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.build import build_layer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LONG_RANGE_CHOICES, LayerSettings, LongRangePlan
 
 C = 8
 EXAMPLES = settings(max_examples=12, deadline=None)

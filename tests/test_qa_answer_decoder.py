@@ -1,4 +1,4 @@
-"""The answer decoder (ops/spans.py) against an exhaustive search, the one decoder shared by validation and the
+"""The answer decoder (qa/ops/spans.py) against an exhaustive search, the one decoder shared by validation and the
 prediction script, and a data layer that loads without the model's modules."""
 
 import math
@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_clusterformer.criterions.clusterformer_qa import ClusterFormerQACriterion
-from fairseq_clusterformer.data.qa_predictions import answer_type_name
-from fairseq_clusterformer.ops.spans import decode_answers
-from fairseq_clusterformer.scripts.qa.qa_predict import predict
+from fairseq_clusterformer.qa.criterion import ClusterFormerQACriterion
+from fairseq_clusterformer.qa.data.predictions import answer_type_name
+from fairseq_clusterformer.qa.ops.spans import decode_answers
+from fairseq_clusterformer.qa.scripts.predict import predict
 from tests.conftest import PACKAGE
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import batch, build
@@ -129,17 +129,18 @@ def imported_by(module: str) -> list:
 
 
 @pytest.mark.parametrize(
-    "module", ["fairseq_clusterformer.data.qa_dataset", "fairseq_clusterformer.data.qa_predictions"]
+    "module", ["fairseq_clusterformer.qa.data.dataset", "fairseq_clusterformer.qa.data.predictions"]
 )
 def test_qa_data_does_not_load_the_model_layers(module):
     loaded = imported_by(module)
     assert module in loaded
-    layers = ("modules", "models", "criterions", "tasks")
+    rooms = ("layers", "refresh", "lm", "compat", "checkpoints")
+    model = ("model", "encoder", "heads", "pretrained", "task", "criterion")
     own = [m.split(".") for m in loaded if m.startswith("fairseq_clusterformer.")]
-    assert [".".join(m) for m in own if m[1] in layers] == []
+    assert [".".join(m) for m in own if m[1] in rooms or m[1] == "qa" and len(m) > 2 and m[2] in model] == []
 
 
 def test_the_answer_decoder_needs_no_fairseq():
-    loaded = imported_by("fairseq_clusterformer.ops.spans")
-    assert "fairseq_clusterformer.ops.spans" in loaded
+    loaded = imported_by("fairseq_clusterformer.qa.ops.spans")
+    assert "fairseq_clusterformer.qa.ops.spans" in loaded
     assert [m for m in loaded if m.startswith("fairseq.")] == []

@@ -15,14 +15,15 @@ from fairseq.data import Dictionary, data_utils
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit, span_in_paragraph, span_text, whole_characters
-from fairseq_clusterformer.data.qa_encode import RecordEncoder
-from fairseq_clusterformer.data.qa_predictions import nq_prediction, write_nq_predictions, write_squad_predictions
-from fairseq_clusterformer.data.qa_records import QARecord, SkipLog
-from fairseq_clusterformer.data.qa_spans import ParagraphTokenizer, char_span_to_tokens
-from fairseq_clusterformer.data.qa_tokenizers import GPT2BPETokenizer, SentencePieceTokenizer, add_paragraph_token
-from fairseq_clusterformer.ops.qa_metrics import nq_label_from_json, nq_scores, squad_scores
-from fairseq_clusterformer.scripts.qa import qa_binarize, qa_convert
+from fairseq_clusterformer.qa.data.answer_spans import ParagraphTokenizer, char_span_to_tokens
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit, span_in_paragraph, span_text, whole_characters
+from fairseq_clusterformer.qa.data.encode import RecordEncoder
+from fairseq_clusterformer.qa.data.predictions import nq_prediction, write_nq_predictions, write_squad_predictions
+from fairseq_clusterformer.qa.data.records import QARecord, SkipLog
+from fairseq_clusterformer.qa.data.tokenizers import GPT2BPETokenizer, SentencePieceTokenizer, add_paragraph_token
+from fairseq_clusterformer.qa.ops.metrics import nq_label_from_json, nq_scores, squad_scores
+from fairseq_clusterformer.qa.scripts import binarize as qa_binarize
+from fairseq_clusterformer.qa.scripts import convert as qa_convert
 from tests.conftest import run_ok
 from tests.test_qa_convert import DATA, nq_example
 
@@ -122,7 +123,7 @@ def spm_model(tmp_path_factory):
 
 
 def spm_tokenizer(model):
-    from fairseq_clusterformer.data.qa_tokenizers import sentencepiece_dictionary
+    from fairseq_clusterformer.qa.data.tokenizers import sentencepiece_dictionary
 
     dictionary = sentencepiece_dictionary(str(model))
     add_paragraph_token(dictionary)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.data.qa_records import SkipLog, read_records
-from fairseq_clusterformer.scripts.qa import qa_convert
+from fairseq_clusterformer.qa.data.records import SkipLog, read_records
+from fairseq_clusterformer.qa.scripts import convert as qa_convert
 from tests.conftest import REPO, run_cli, run_ok
 
 DATA = REPO / "examples" / "data"

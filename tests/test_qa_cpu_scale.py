@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.data.qa_records import QARecord
-from fairseq_clusterformer.scripts.qa import qa_baselines, qa_mlm_text
+from fairseq_clusterformer.qa.data.records import QARecord
+from fairseq_clusterformer.qa.scripts import baselines as qa_baselines
+from fairseq_clusterformer.qa.scripts import mlm_text as qa_mlm_text
 from tests.conftest import REPO
 from tests.test_qa_convert import SQUAD, convert
 
@@ -166,16 +167,17 @@ def test_cpu_recipe_help_and_dry_run(tmp_path):
     for line in [pretrain, *finetunes]:  # the QA model refuses a pretrained encoder of another shape
         assert "--encoder-embed-dim 64 --encoder-ffn-embed-dim 256" in line and "--max-positions 256" in line
     assert any("--split-dev 40 --contexts paragraph" in line for line in lines)
-    assert any("qa_mlm_text" in line and "--articles 0:40" in line for line in lines)  # never the held-out articles
-    assert sum("qa_predict" in line for line in lines) == 3
-    scoring = next(line for line in lines if "qa_baselines" in line)
+    # the masked-LM text never reads the held-out articles
+    assert any("qa.scripts.mlm_text" in line and "--articles 0:40" in line for line in lines)
+    assert sum("qa.scripts.predict" in line for line in lines) == 3
+    scoring = next(line for line in lines if "qa.scripts.baselines" in line)
     assert all(f"--predictions {name}=" in scoring for name in ("qa_scratch_seed1", "qa_mlm_seed3", "qa_mlm_seed4"))
     # with --roberta: no pretraining, the fine-tunings start from that directory
     roberta = tmp_path / "roberta"
     roberta.mkdir()
     (roberta / "model.pt").write_bytes(b"")
     lines = recipe("--dry-run", "--out", tmp_path / "out2", "--roberta", roberta).stdout.splitlines()
-    assert not any("masked_lm" in line or "qa_mlm_text" in line for line in lines)
+    assert not any("masked_lm" in line or "qa.scripts.mlm_text" in line for line in lines)
     assert sum(f"ROBERTA={roberta} " in line for line in lines) == 2
     proc = recipe("--data", tmp_path, "--dry-run")
     assert proc.returncode == 2 and "--data" in proc.stderr

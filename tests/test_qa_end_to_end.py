@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from fairseq_clusterformer.ops.qa_metrics import nq_label_from_json, nq_scores, squad_scores
+from fairseq_clusterformer.qa.ops.metrics import nq_label_from_json, nq_scores, squad_scores
 from tests.conftest import PACKAGE, run_ok
 from tests.data.qa_model.synthetic import shared_data
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 from fairseq import metrics
 
-from fairseq_clusterformer.criterions.clusterformer_qa import ClusterFormerQACriterion
-from fairseq_clusterformer.data.qa_encode import RecordEncoder
-from fairseq_clusterformer.data.qa_records import QARecord, SkipLog
-from fairseq_clusterformer.ops.qa_windows import QALayout, close_context, qa_tokens
-from fairseq_clusterformer.ops.spans import paragraph_ids
-from fairseq_clusterformer.scripts.qa.qa_binarize import get_parser
-from fairseq_clusterformer.tasks.clusterformer_qa import ClusterFormerQAConfig
+from fairseq_clusterformer.qa.criterion import ClusterFormerQACriterion
+from fairseq_clusterformer.qa.data.encode import RecordEncoder
+from fairseq_clusterformer.qa.data.records import QARecord, SkipLog
+from fairseq_clusterformer.qa.ops.spans import paragraph_ids
+from fairseq_clusterformer.qa.ops.windows import QALayout, close_context, qa_tokens
+from fairseq_clusterformer.qa.scripts.binarize import get_parser
+from fairseq_clusterformer.qa.task import ClusterFormerQAConfig
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import batch, build, corrupt
 

@@ -4,8 +4,8 @@ import ast
 
 import pytest
 
-from fairseq_clusterformer.ops import qa_metrics as m
-from fairseq_clusterformer.ops.qa_metrics import NQLabel
+from fairseq_clusterformer.qa.ops import metrics as m
+from fairseq_clusterformer.qa.ops.metrics import NQLabel
 from tests.conftest import PACKAGE
 
 
@@ -172,7 +172,7 @@ def test_nq_scores_from_official_json():
 
 
 def test_metrics_module_is_pure():
-    tree = ast.parse((PACKAGE / "ops" / "qa_metrics.py").read_text())
+    tree = ast.parse((PACKAGE / "qa" / "ops" / "metrics.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(name.split(".")[0] in {"fairseq", "torch"} for name in imported if name)

@@ -10,10 +10,10 @@ from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.models.roberta import RobertaModel
 
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit
-from fairseq_clusterformer.data.qa_dataset import QADataset, QALimits
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import SlidingWindowLayer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
+from fairseq_clusterformer.qa.data.dataset import QADataset, QALimits
 from tests.conftest import PACKAGE
 from tests.data.qa_model.synthetic import shared_data
 

@@ -10,12 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit
-from fairseq_clusterformer.data.qa_predictions import nq_prediction, with_null_predictions
-from fairseq_clusterformer.ops import qa_metrics as m
-from fairseq_clusterformer.ops.qa_metrics import NQLabel
-from fairseq_clusterformer.ops.spans import AnswerPrediction
-from fairseq_clusterformer.scripts.qa import qa_convert, qa_predict
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
+from fairseq_clusterformer.qa.data.predictions import nq_prediction, with_null_predictions
+from fairseq_clusterformer.qa.ops import metrics as m
+from fairseq_clusterformer.qa.ops.metrics import NQLabel
+from fairseq_clusterformer.qa.ops.spans import AnswerPrediction
+from fairseq_clusterformer.qa.scripts import convert as qa_convert
+from fairseq_clusterformer.qa.scripts import predict as qa_predict
 from tests.conftest import REPO
 from tests.test_qa_binarize import GPT2_FLAGS, binarize_ok, run_inprocess
 from tests.test_qa_convert import NQ_TEXT, nq_example
@@ -199,7 +200,7 @@ def test_nested_gold_long_answer_keeps_its_own_span(tmp_path):
 
 def test_prediction_script_refuses_contexts_cut_around_the_answers(tmp_path, monkeypatch):
     """A training split cut around its gold paragraphs has moved offsets: NQ predictions would point elsewhere."""
-    from fairseq_clusterformer.scripts.qa import qa_predict
+    from fairseq_clusterformer.qa.scripts import predict as qa_predict
 
     dataset = SimpleNamespace(report=lambda: "3 of 3 examples kept", moves_positions=True)
     task = SimpleNamespace(

@@ -8,16 +8,16 @@ import json
 import pytest
 import torch
 
-from fairseq_clusterformer.criterions.clusterformer_qa import nq_counts
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit
-from fairseq_clusterformer.data.qa_dataset import answer_type_of
-from fairseq_clusterformer.data.qa_predictions import answer_type_name, nq_prediction
-from fairseq_clusterformer.data.qa_records import ANSWER_TYPES, SkipLog, read_records
-from fairseq_clusterformer.modules.qa_encoder import QAEncoderOut
-from fairseq_clusterformer.modules.qa_heads import ADDED_CLASS_BIAS, QAHeads
-from fairseq_clusterformer.ops import qa_metrics as m
-from fairseq_clusterformer.ops.spans import AnswerPrediction, decode_answers
-from fairseq_clusterformer.scripts.qa import qa_convert
+from fairseq_clusterformer.qa.criterion import nq_counts
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
+from fairseq_clusterformer.qa.data.dataset import answer_type_of
+from fairseq_clusterformer.qa.data.predictions import answer_type_name, nq_prediction
+from fairseq_clusterformer.qa.data.records import ANSWER_TYPES, SkipLog, read_records
+from fairseq_clusterformer.qa.encoder import QAEncoderOut
+from fairseq_clusterformer.qa.heads import ADDED_CLASS_BIAS, QAHeads
+from fairseq_clusterformer.qa.ops import metrics as m
+from fairseq_clusterformer.qa.ops.spans import AnswerPrediction, decode_answers
+from fairseq_clusterformer.qa.scripts import convert as qa_convert
 from tests.test_qa_binarize import GPT2_FLAGS, binarize_ok, run_inprocess
 from tests.test_qa_convert import nq_example
 from tests.test_qa_model import batch, build, nq_data  # noqa: F401 (nq_data is a fixture)

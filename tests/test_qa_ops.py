@@ -5,8 +5,10 @@ import itertools
 import pytest
 import torch
 
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings, SlidingWindowLayer
-from fairseq_clusterformer.ops.qa_windows import (
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
+from fairseq_clusterformer.qa.ops.spans import best_spans, candidate_log_softmax, gold_span_log_likelihood
+from fairseq_clusterformer.qa.ops.windows import (
     QAInputWindows,
     QALayout,
     QAWindows,
@@ -16,7 +18,6 @@ from fairseq_clusterformer.ops.qa_windows import (
     qa_tokens,
     to_flat,
 )
-from fairseq_clusterformer.ops.spans import best_spans, candidate_log_softmax, gold_span_log_likelihood
 from tests.reference import token_output
 
 LAYOUTS = [(3, 1, 4, 2), (4, 7, 4, 3), (2, 9, 5, 2), (5, 16, 8, 5), (3, 12, 6, 4)]  # Q, T, l, m

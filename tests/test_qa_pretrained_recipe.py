@@ -83,7 +83,7 @@ def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
     state["optimizer_history"][0]["num_updates"] = 10
     torch.save(state, run_dir / "checkpoint_last.pt")
     lines = recipe(*args, MAX_HOURS="0.5", UPDATES="10").stdout
-    assert "train.sh" not in lines and "qa_predict" in lines
+    assert "train.sh" not in lines and "qa.scripts.predict" in lines
     proc = recipe(*args, MAX_HOURS="two")
     assert proc.returncode == 2 and "MAX_HOURS=two" in proc.stderr
 

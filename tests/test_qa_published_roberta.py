@@ -20,7 +20,7 @@ from fairseq.data import Dictionary
 from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
 from fairseq.models.roberta import RobertaModel
 
-from fairseq_clusterformer.scripts.qa import qa_binarize
+from fairseq_clusterformer.qa.scripts import binarize as qa_binarize
 from tests.conftest import PACKAGE, run_ok
 from tests.data.qa_model.synthetic import write_records
 from tests.test_qa_model import build, parse

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit
 from fairseq_clusterformer.ops import cluster_stats as stats
 from fairseq_clusterformer.ops.clustering import cluster_size_entropy
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
 from tests.conftest import run_cli, run_ok
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_end_to_end import TRAIN

@@ -10,9 +10,9 @@ import torch
 from fairseq import tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from fairseq_clusterformer.data.qa_binarized import QABinarizedSplit, QAExample
-from fairseq_clusterformer.data.qa_dataset import QADataset, QALimits
-from fairseq_clusterformer.data.qa_truncation import keep_gold_paragraphs, paragraph_blocks
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit, QAExample
+from fairseq_clusterformer.qa.data.dataset import QADataset, QALimits
+from fairseq_clusterformer.qa.data.truncation import keep_gold_paragraphs, paragraph_blocks
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import parse
 

@@ -17,8 +17,8 @@ from tests.conftest import BIN, REPO, SLICE
 
 EXAMPLES = REPO / "examples"
 CHARS = REPO / "examples" / "data" / "tinyshakespeare-slice"
-# the recipes' tiny preset (4 layers of 32 dims, 128-token segments, 16 clusters), a little shorter still
-TINY = {"UPDATES": "4", "NUM_WORKERS": "0", "GPUS": "0"}
+# the recipes' smoke preset (docs/usage.md), a little shorter still
+SMOKE = {"UPDATES": "4", "NUM_WORKERS": "0", "GPUS": "0"}
 
 
 def script(recipe, name, *args, **env):
@@ -139,7 +139,7 @@ def test_scripts_explain_themselves_and_name_what_is_wrong(recipe, tmp_path):
     code, out = script(recipe, "prepare", "--data", tmp_path)  # a folder without the expected files
     assert code == 2 and ("wiki.train.tokens" in out if recipe == "wikitext103" else "enwik8" in out)
     code, out = script(recipe, "prepare", "--bogus")
-    assert code == 2 and "unknown argument: --bogus" in out
+    assert code == 2 and "unknown flag --bogus" in out
     code, out = script(recipe, "eval", tmp_path / "missing.pt")
     assert code == 2 and "missing.pt not found" in out
 
@@ -154,12 +154,12 @@ def test_wikitext103_recipe_runs_end_to_end_on_local_files(tmp_path):
     out = script_ok("wikitext103", "prepare", "--data", SLICE, "--dest", data_bin, "--workers", "1")
     assert re.search(r"train.txt: 1221 sents, 59788 tokens", out), out
     save = tmp_path / "ckpt"
-    script_ok("wikitext103", "train", "--preset", "tiny", data_bin, SAVE_DIR=str(save), CAUSALITY="paper", **TINY)
+    script_ok("wikitext103", "train", "--preset", "smoke", data_bin, SAVE_DIR=str(save), CAUSALITY="paper", **SMOKE)
     model = trained_config(save / "checkpoint_last.pt")
     assert (model["decoder_layers"], model["decoder_embed_dim"], model["tokens_per_sample"]) == (4, 32, 128)
     assert (model["long_range_layer"], model["cluster_causality"], model["num_clusters"]) == ("cluster", "paper", 16)
     log = tmp_path / "eval.log"
-    out = script_ok("wikitext103", "eval", "--preset", "tiny", save / "checkpoint_last.pt", data_bin, LOG=str(log))
+    out = script_ok("wikitext103", "eval", "--preset", "smoke", save / "checkpoint_last.pt", data_bin, LOG=str(log))
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"perplexity: [\d.]+", last), out
     loss = float(re.search(r"Loss \(base 2\): ([\d.]+)", log.read_text()).group(1))
@@ -182,10 +182,10 @@ def test_enwik8_recipe_runs_end_to_end_on_local_bytes(tmp_path):
         tokens = len(part) + (0 if part.endswith(b"\n") else 1)
         assert re.search(rf"{split}.txt: \d+ sents, {tokens} tokens, 0.0% replaced", out), out
     save = tmp_path / "ckpt"
-    script_ok("enwik8", "train", "--preset", "tiny", data_bin, SAVE_DIR=str(save), LONG_RANGE="none", **TINY)
+    script_ok("enwik8", "train", "--preset", "smoke", data_bin, SAVE_DIR=str(save), LONG_RANGE="none", **SMOKE)
     assert trained_config(save / "checkpoint_last.pt")["long_range_layer"] == "none"
     log = tmp_path / "eval.log"
-    out = script_ok("enwik8", "eval", "--preset", "tiny", save / "checkpoint_last.pt", data_bin, LOG=str(log))
+    out = script_ok("enwik8", "eval", "--preset", "smoke", save / "checkpoint_last.pt", data_bin, LOG=str(log))
     last = out.strip().splitlines()[-1]
     assert re.fullmatch(r"bpc: [\d.]+", last), out
     bpc = float(last.split()[1])

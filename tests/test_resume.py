@@ -8,9 +8,9 @@ import pytest
 import torch
 from fairseq import checkpoint_utils
 
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
 from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_ok
 
 DIM, CLUSTERS = 8, 4

@@ -1,25 +1,25 @@
 """Small correctness fixes found in review, each with the test that shows it."""
 
 import inspect
-import os
-import shutil
 import subprocess
 import sys
-import time
+from argparse import Namespace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from fairseq import checkpoint_utils
+from fairseq.file_io import PathManager
 
-from fairseq_clusterformer.modules.baseline_layers import LSHLayer
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.compat.patches import open_save
+from fairseq_clusterformer.layers.baselines import LSHLayer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops.clustering import assign_clusters
 from fairseq_clusterformer.ops.lsh import lsh_buckets, random_rotations
-from fairseq_clusterformer.tasks.checkpoint_files import keep_banks_in_last_only
+from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
+from fairseq_clusterformer.refresh.task_hooks import CentroidRefreshHooks
 from tests.conftest import PACKAGE, REPO, TINY_LM_TRAIN, run_ok
 from tests.test_model import build
 
@@ -87,11 +87,11 @@ def test_normformer_and_xformers_flags_are_refused_by_name(lm_data, flag):
 ENDS_WITH_A_JOB_IN_FLIGHT = """
 import logging, sys, time
 import torch
-from fairseq_clusterformer.modules import kmeans_job
-from fairseq_clusterformer.modules.centroid_refresh import CentroidRefresher, RefreshSettings
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.refresh import kmeans_job
+from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.layers.settings import LayerSettings
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 
@@ -149,34 +149,46 @@ def test_fairseq_train_with_no_save_joins_the_last_job(lm_data, tmp_path):
 # ---- f. the memory banks travel in checkpoint_last.pt only -----------------------------------------------------------
 
 
-def fake_checkpoint(path, rows):
+def fake_state(rows):
     refresh = {"banks": [{"buffer": torch.randn(rows, 64)}], "num_refreshes": 2}
-    torch.save({"model": {"w": torch.arange(10.0)}, "extra_state": {"Task": {"centroid_refresh": refresh}}}, path)
+    return {"model": {"w": torch.arange(10.0)}, "extra_state": {"Task": {"centroid_refresh": refresh}}}
+
+
+class Task(CentroidRefreshHooks):
+    """The K-Means hooks' checkpoint methods, on a task class named as the fake state's entry."""
+
+    gathered = 0
+
+    def before_checkpoint_save(self):
+        self.gathered += 1
 
 
 def test_the_copies_of_a_save_lose_the_banks_and_checkpoint_last_keeps_them(tmp_path):
-    older = tmp_path / "checkpoint_1_2.pt"  # an earlier save of the same size: not part of this save, left alone
-    fake_checkpoint(older, 4000)
-    os.utime(older, (time.time() - 100, time.time() - 100))
-    older_bytes = older.read_bytes()
-    since = time.time()
-    first = tmp_path / "checkpoint_1_4.pt"  # the file fairseq writes, then copies to best and last
-    fake_checkpoint(first, 4000)
-    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
-        shutil.copyfile(first, tmp_path / name)
-    last_bytes = (tmp_path / "checkpoint_last.pt").read_bytes()
+    """fairseq's save_checkpoint writes one file and copies it onto the others; with the plug-in's patches installed
+    (``compat.patches``) every file but checkpoint_last.pt is written without the banks, in one pass."""
+    state, task = fake_state(4000), Task()
+    first = tmp_path / "checkpoint_1_4.pt"
 
-    rewritten = keep_banks_in_last_only(str(first), since, "Task", "centroid_refresh")
+    def fairseq_save(cfg, trainer, epoch_itr, val_loss):  # what checkpoint_utils.save_checkpoint does, in short
+        checkpoint_utils.torch_persistent_save(state, str(first))
+        for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+            PathManager.copy(str(first), str(tmp_path / name), overwrite=True)
 
-    assert sorted(rewritten) == [str(tmp_path / "checkpoint_1_4.pt"), str(tmp_path / "checkpoint_best.pt")]
-    assert (tmp_path / "checkpoint_last.pt").read_bytes() == last_bytes and older.read_bytes() == older_bytes
+    open_save(fairseq_save)(Namespace(no_save=False), Namespace(task=task), None, None)
+
+    assert task.gathered == 1  # the ranks' shards merged before the state was taken
+    last = torch.load(tmp_path / "checkpoint_last.pt", weights_only=False)
+    assert torch.equal(last["extra_state"]["Task"]["centroid_refresh"]["banks"][0]["buffer"],
+                       state["extra_state"]["Task"]["centroid_refresh"]["banks"][0]["buffer"])  # fmt: skip
     for name in ("checkpoint_1_4.pt", "checkpoint_best.pt"):
-        state = torch.load(tmp_path / name, weights_only=False)
-        assert state["extra_state"]["Task"]["centroid_refresh"] == {"banks": None, "num_refreshes": 2}
-        assert torch.equal(state["model"]["w"], torch.arange(10.0))
-        assert (tmp_path / name).stat().st_size < len(last_bytes) // 10
-    # a save that wrote checkpoint_last.pt alone has nothing to drop
-    assert keep_banks_in_last_only(str(tmp_path / "checkpoint_last.pt"), since, "Task", "centroid_refresh") == []
+        saved = torch.load(tmp_path / name, weights_only=False)
+        assert saved["extra_state"]["Task"]["centroid_refresh"] == {"banks": None, "num_refreshes": 2}
+        assert torch.equal(saved["model"]["w"], torch.arange(10.0))
+        assert (tmp_path / name).stat().st_size < (tmp_path / "checkpoint_last.pt").stat().st_size // 10
+    assert state["extra_state"]["Task"]["centroid_refresh"]["banks"] is not None  # the trainer's state untouched
+    # outside a save, a copy is a plain (atomic) copy
+    PathManager.copy(str(first), str(tmp_path / "checkpoint_last.pt"), overwrite=True)
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == first.read_bytes()
 
 
 def refresh_state(path):
@@ -255,7 +267,7 @@ def test_a_model_without_cluster_layers_starts_no_kmeans_job(swap_delay, caplog)
     # sliding windows only, LSH or sparse under --task clusterformer_lm: the schedule is due, but nothing is banked
     refresher = CentroidRefresher(RefreshSettings(interval=2, swap_delay=swap_delay, backend="torch"))
     refresher.attach(torch.nn.Sequential(torch.nn.Linear(4, 4)))
-    with caplog.at_level("INFO", logger="fairseq_clusterformer.modules.centroid_refresh"):
+    with caplog.at_level("INFO", logger="fairseq_clusterformer.refresh.refresher"):
         for update in range(1, 9):
             refresher.before_step(update)
             refresher.commit()

@@ -9,8 +9,8 @@ import pytest
 import torch
 from fairseq import options
 
-from fairseq_clusterformer.models.clusterformer_qa import BT_COPY
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.qa.model import BT_COPY
 from tests.conftest import run_ok
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import build

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from fairseq_clusterformer.modules.layer_settings import LayerSettings
-from fairseq_clusterformer.modules.windowed_layer import SlidingWindowLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from tests.reference import sliding_reference, token_output
 from tests.test_generation_cache import assert_cache_is_exact
 from tests.test_layers import C, make, settings

@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairseq_clusterformer.modules.baseline_layers import LSHLayer
-from fairseq_clusterformer.modules.cluster_layer import ClusterFormerLayer
-from fairseq_clusterformer.modules.kmeans_job import refresh_layer
-from fairseq_clusterformer.modules.windowed_layer import LayerSettings
+from fairseq_clusterformer.layers.baselines import LSHLayer
+from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops.cluster_groups import band_group_ids, cluster_to_group, default_groups
+from fairseq_clusterformer.refresh.kmeans_job import refresh_layer
 from tests.reference import cluster_ids_reference, cluster_strict_reference, neighbour_strict_reference
 from tests.test_model import build
 
@@ -101,7 +101,7 @@ def test_group_cuts_are_runs_of_neighbouring_clusters_balanced_by_share():
     # the shifted grouping cuts elsewhere: no cut point is shared by the two groupings
     cuts = [set(torch.nonzero(row[1:] != row[:-1]).reshape(-1).tolist()) for row in table]
     assert cuts[0] and cuts[1] and not cuts[0] & cuts[1]
-    assert default_groups(3072, 256) == 6 and default_groups(100, 256) == 1
+    assert default_groups(3072, 256, 512) == 6 and default_groups(100, 256, 512) == 1
 
 
 def test_centroid_order_changes_strict_outputs_now():

@@ -11,9 +11,13 @@
 #                              puts the repository first on PYTHONPATH)
 #   numpy1/numpy 1.26.4        in a folder of its own: fairseq calls np.compat.long, gone in numpy 2, so device_run.sh
 #                              puts numpy 1.26 first when the machine's torch, scipy and sklearn import with it
-# faiss is not bundled (too large; the GPU's default K-Means backend is torch).
+#                              (WITH_NUMPY1=0 leaves it out: on the H100 of 2026-11-27 the image's SciPy refused it)
+# faiss is not bundled (too large; the GPU's default K-Means backend is torch). The fairseq wheel is rebuilt without
+# the data files under fairseq/examples/ (test arrays, images, notebooks: 10 of its 12 MB), which nothing imports;
+# that folder's Python files stay (fairseq's speech tasks import some).
 #
-#   bash benchmarks/gpu_check/bundle.sh [DEST]     (PY312=/path/to/python3.12 to use another interpreter)
+#   bash benchmarks/gpu_check/bundle.sh [DEST]     (PY312=/path/to/python3.12 to use another interpreter;
+#                                                   examples/qa/device_table_prepare.sh: WITH_NUMPY1=0)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -29,6 +33,7 @@ BUILD_NUMPY=numpy==2.2.6
 PURE=(hydra-core==1.3.2 omegaconf==2.3.0)
 BINARY=(bitarray==3.12.3)
 NUMPY1=numpy==1.26.4
+WITH_NUMPY1=${WITH_NUMPY1:-1}
 PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 
@@ -44,7 +49,7 @@ if "$BUILD_VENV/bin/python" -c 'import torch' 2>/dev/null; then
 fi
 
 rm -rf "$DEST"
-mkdir -p "$DEST/numpy1"
+mkdir -p "$DEST"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
@@ -66,11 +71,18 @@ echo "== $FAIRSEQ (cp312, extensions compiled here)"
 PYTHONPATH="$WORK/stub" "${PIP[@]}" wheel -q --no-deps --no-build-isolation --no-binary fairseq-fixed \
   -w "$DEST" "$FAIRSEQ" 2>&1 | grep -v -e "is ignored" -e "^\s*$" | tail -5 || true
 ls "$DEST"/fairseq_fixed-*.whl >/dev/null
+"$BUILD_VENV/bin/python" -m wheel unpack -d "$WORK/slim" "$DEST"/fairseq_fixed-*.whl >/dev/null
+find "$WORK"/slim/fairseq_fixed-*/fairseq/examples -type f ! -name '*.py' -delete
+rm "$DEST"/fairseq_fixed-*.whl
+"$BUILD_VENV/bin/python" -m wheel pack -d "$DEST" "$WORK"/slim/fairseq_fixed-* >/dev/null
 
 echo "== ${PURE[*]} ${BINARY[*]}"
 "${PIP[@]}" download -q --no-deps "${PLATFORM[@]}" -d "$DEST" "${PURE[@]}" "${BINARY[@]}" 2>&1 | grep -v "is ignored" || true
-echo "== $NUMPY1"
-"${PIP[@]}" download -q --no-deps "${PLATFORM[@]}" -d "$DEST/numpy1" "$NUMPY1" 2>&1 | grep -v "is ignored" || true
+if [ "$WITH_NUMPY1" = 1 ]; then
+  echo "== $NUMPY1"
+  mkdir -p "$DEST/numpy1"
+  "${PIP[@]}" download -q --no-deps "${PLATFORM[@]}" -d "$DEST/numpy1" "$NUMPY1" 2>&1 | grep -v "is ignored" || true
+fi
 # antlr4 4.9.3 (what omegaconf 2.3 and hydra 1.3 pin) is published as an sdist only: a pure-Python wheel is built
 echo "== antlr4-python3-runtime==4.9.3"
 "${PIP[@]}" wheel -q --no-deps --no-build-isolation -w "$DEST" antlr4-python3-runtime==4.9.3 2>&1 | grep -v "is ignored" || true
@@ -83,10 +95,12 @@ cp -r "$REPO/fairseq_clusterformer" "$WORK/project/"
 find "$WORK/project" -name __pycache__ -prune -exec rm -rf {} +
 "${PIP[@]}" wheel -q --no-deps --no-build-isolation -w "$DEST" "$WORK/project" 2>&1 | grep -v "is ignored" || true
 
-for name in fairseq_fixed hydra_core omegaconf antlr4_python3_runtime bitarray fairseq_clusterformer numpy1/numpy; do
+wanted=(fairseq_fixed hydra_core omegaconf antlr4_python3_runtime bitarray fairseq_clusterformer)
+[ "$WITH_NUMPY1" = 1 ] && wanted+=(numpy1/numpy)
+for name in "${wanted[@]}"; do
   ls "$DEST/$name"-*.whl >/dev/null 2>&1 || { echo "bundle.sh: no $name wheel in $DEST" >&2; exit 1; }
 done
-ls -l "$DEST" "$DEST/numpy1"
+ls -lR "$DEST"
 size=$(du -sm "$DEST" | cut -f1)
 echo "gpu-bundle: $(find "$DEST" -name '*.whl' | wc -l) wheels, ${size} MiB in $DEST"
 if [ "$size" -gt 45 ]; then

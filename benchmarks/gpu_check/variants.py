@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fairseq_clusterformer.modules.compiled_layers import COMPILE_OPTIONS, configure_layers
+from fairseq_clusterformer.layers.compiled import COMPILE_OPTIONS, configure_layers
 from fairseq_clusterformer.ops.flex_windows import flex_unavailable
 
 # variant -> (--compile-layers, --attention-backend)

@@ -153,13 +153,20 @@ def encode(tokens: list[tuple[int, str]], vocab: set[str], max_placeholders: int
     return out
 
 
-def read_sources(files: list[tuple[str, Path]], max_bytes: int) -> tuple[list[tuple[str, str, str, list]], list[dict]]:
-    """(package, sha256, file name, raw tokens) of each distinct readable file, and the skipped ones with a reason."""
-    seen, kept, skipped = set(), [], []
+def read_sources(
+    files: list[tuple[str, Path]], max_bytes: int
+) -> tuple[list[tuple[str, str, str, list]], list[dict], Counter]:
+    """(package, sha256, file name, raw tokens) of each distinct file with tokens, the skipped ones with a reason, and
+    how many were left out as copies of another file or for holding no token (not listed: both are ordinary)."""
+    seen, kept, skipped, dropped = set(), [], [], Counter()
     for package, path in files:
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as error:  # its own message may not name the file (a failed read, EIO)
+            raise SystemExit(f"build_corpus.py: cannot read {path}: {error}") from None
         digest = hashlib.sha256(data).hexdigest()
         if digest in seen:
+            dropped["copying another file"] += 1
             continue
         seen.add(digest)
         if len(data) > max_bytes:
@@ -172,7 +179,37 @@ def read_sources(files: list[tuple[str, Path]], max_bytes: int) -> tuple[list[tu
             continue
         if tokens:
             kept.append((package, digest, path.name, tokens))
-    return kept, skipped
+        else:
+            dropped["without a token"] += 1
+    return kept, skipped, dropped
+
+
+def check_splits(by_split: dict[str, list], percents: dict[str, int], where: str, files: int, left_out: str) -> None:
+    """Stop, before anything is written, when a split that should hold files has none: fairseq would binarise it as an
+    empty file, and training or evaluation would fail on it much later."""
+    usable = sum(map(len, by_split.values()))
+    if not usable:
+        raise SystemExit(f"build_corpus.py: {where}: none of its {files} .py files can be used: {left_out}")
+    empty = [name for name in SPLITS if not by_split[name] and percents[name] > 0]
+    if empty:
+        shares = ", ".join(f"{name} {percents[name]} %" for name in SPLITS)
+        raise SystemExit(
+            f"build_corpus.py: {where}: the {' and '.join(empty)} split{'s' if len(empty) > 1 else ''} would be "
+            f"empty: {usable} usable file{'s' if usable > 1 else ''} are too few for the split shares ({shares}; "
+            "the SHA-256 of each file's content picks its split, so a share of p % needs well over 100 / p files)"
+            f"{'; left out: ' + left_out if left_out else ''}. Give more files, or change --valid-percent / "
+            "--test-percent"
+        )
+
+
+def left_out_summary(skipped: list[dict], dropped: Counter) -> str:
+    """The files that gave no text, and why, for the messages of check_splits."""
+    parts = [f"{n} {'file' if n == 1 else 'files'} {why}" for why, n in sorted(dropped.items())]
+    if skipped:
+        named = ", ".join(f"{s['file']} ({s['reason']})" for s in skipped[:5])
+        more = ", ..." if len(skipped) > 5 else ""
+        parts.append(f"{len(skipped)} skipped (not tokenizable as Python, or over --max-bytes): {named}{more}")
+    return "; ".join(parts)
 
 
 def build_vocab(train: list[list[tuple[int, str]]], min_files: int) -> set[str]:
@@ -217,14 +254,16 @@ def main(argv: list[str] | None = None) -> None:
         files, versions = folder_files(Path(args.data), "data"), {}
     else:
         files, versions = package_files(args.packages or default_packages())
-    sources, skipped = read_sources(files, args.max_bytes)
+    sources, skipped, dropped = read_sources(files, args.max_bytes)
     by_split, listing = {name: [] for name in SPLITS}, []
     for package, digest, name, tokens in sources:
         split = split_of(digest, args.valid_percent, args.test_percent)
         by_split[split].append(tokens)
         listing.append(f"{split}\t{digest}\t{package}\t{name}\n")
-    if not by_split["train"]:
-        raise SystemExit("build_corpus.py: no training file: give more files or lower --valid/--test-percent")
+    percents = {"train": 100 - args.valid_percent - args.test_percent, "valid": args.valid_percent}
+    percents["test"] = args.test_percent
+    where = f"--data {args.data}" if args.data else f"--packages {' '.join(versions)}"
+    check_splits(by_split, percents, where, len(files), left_out_summary(skipped, dropped))
     vocab = build_vocab(by_split["train"], args.min_files)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.stdlib:
         stdlib = folder_files(Path(sysconfig.get_paths()["stdlib"]), "stdlib")
         stdlib = [(p, f) for p, f in stdlib if "site-packages" not in f.parts and "test" not in f.parts]
-        std_sources, std_skipped = read_sources(stdlib, args.max_bytes)
+        std_sources, std_skipped, _ = read_sources(stdlib, args.max_bytes)
         splits["stdlib"] = write_split(
             out / "stdlib.txt", [encode(t, vocab, args.placeholders) for _, _, _, t in std_sources]
         )

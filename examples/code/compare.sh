@@ -20,9 +20,12 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 work=code-work
-if [ "${1:-}" = --work ]; then work=$2; shift 2; fi
-case "${1:-}" in -*) sed -n '2,18p' "$0" >&2; exit 2 ;; esac
-runs=("$@")
+# shellcheck source=../recipe_args.sh
+source "$repo/examples/recipe_args.sh"
+recipe_flag --work work DIR
+recipe_parse "$@"
+recipe_env int WINDOW TOKENS BATCH CLUSTERS UPDATES THREADS CAUSAL_BLOCKS
+runs=(${RECIPE_ARGS[@]+"${RECIPE_ARGS[@]}"})
 if [ ${#runs[@]} -eq 0 ]; then
   for kind in full none cluster-strict cluster-strict-next cluster-paper lsh sparse; do runs+=("$kind-s1" "$kind-s2"); done
 fi
@@ -30,9 +33,13 @@ export WINDOW=${WINDOW:-64} TOKENS=${TOKENS:-1024} BATCH=${BATCH:-4} CLUSTERS=${
 export UPDATES=${UPDATES:-2500} OMP_NUM_THREADS=${THREADS:-1}
 data=$work/data-bin
 [ -f "$data/dict.txt" ] || { echo "compare.sh: $data/dict.txt not found: run examples/code/prepare.sh --out $work first" >&2; exit 2; }
-for run in "${runs[@]}"; do  # refuse a bad name before any run starts
+trained=()  # updates each run has done; a bad name or a checkpoint that cannot be read stops before any run starts
+for run in "${runs[@]}"; do
   [[ $run =~ ^(full|none|cluster-strict|cluster-strict-next|cluster-paper|lsh|sparse)-s[0-9]+$ ]] ||
     { echo "compare.sh: RUN must be KIND-sSEED with KIND full, none, cluster-strict, cluster-strict-next, cluster-paper, lsh or sparse, got '$run'" >&2; exit 2; }
+  progress=$(python "$repo/examples/checkpoint_progress.py" "$work/ckpt/$run/checkpoint_last.pt") ||
+    { echo "compare.sh: $run: cannot tell how far it trained (above); replace or move away that file" >&2; exit 2; }
+  trained+=("${progress%% *}")
 done
 mkdir -p "$work/logs" "$work/results/code" "$work/causal"
 failed() {  # say which run and which log, and show its end, instead of dying silently under set -e
@@ -41,13 +48,13 @@ failed() {  # say which run and which log, and show its end, instead of dying si
   exit 1
 }
 reach=$((4 * (WINDOW - 1)))  # train.sh's 4 windowed layers: full attention is scored in the same buckets
-for run in "${runs[@]}"; do
+for i in "${!runs[@]}"; do
+  run=${runs[i]}
   kind=${run%-s*} seed=${run##*-s} save=$work/ckpt/$run
   values=own layer_kind=$kind
   [ "$kind" != cluster-strict-next ] || { values=next layer_kind=cluster-strict; }
-  read -r trained _ < <(python "$repo/examples/checkpoint_progress.py" "$save/checkpoint_last.pt")
-  if [ "$trained" -lt "$UPDATES" ]; then
-    echo "$run: training ($trained of $UPDATES updates done), log $work/logs/$run.train.log"
+  if [ "${trained[i]}" -lt "$UPDATES" ]; then
+    echo "$run: training (${trained[i]} of $UPDATES updates done), log $work/logs/$run.train.log"
     VALUES=$values bash "$repo/examples/longrange/train.sh" "$layer_kind" "$seed" "$data" "$save" --dropout 0.1 \
       >> "$work/logs/$run.train.log" 2>&1 || failed "$run: training" "$work/logs/$run.train.log"
     rm -f "$work/results/code/$run.json"  # scores of an earlier, shorter run

@@ -10,17 +10,21 @@
 #   --packages LIST: installed distributions to read (default: torch and fairseq-fixed, or fairseq on Python 3.10)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
-out=code-work source=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --data) source=(--data "$2"); shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    # shellcheck disable=SC2206  # a space-separated list of names
-    --packages) source=(--packages $2); shift 2 ;;
-    *) sed -n '2,10p' "$0" >&2; exit 2 ;;
-  esac
-done
-[ "${source[0]:-}" = --data ] || source+=(--stdlib)
+out=code-work data="" packages=""
+# shellcheck source=../recipe_args.sh
+source "$repo/examples/recipe_args.sh"
+recipe_flag --data data DIR
+recipe_flag --out out DIR
+recipe_flag --packages packages LIST
+recipe_parse "$@"
+((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (see --help)"
+[ -z "$data" ] || [ -z "$packages" ] || recipe_die "--data and --packages exclude each other"
+if [ -n "$data" ]; then
+  source=(--data "$data")
+else
+  # shellcheck disable=SC2206  # a space-separated list of names
+  source=(${packages:+--packages $packages} --stdlib)
+fi
 python "$repo/examples/code/build_corpus.py" --out "$out/text" "${source[@]}"
 tests="$out/text/test.txt"
 [ ! -f "$out/text/stdlib.txt" ] || tests="$tests,$out/text/stdlib.txt"

@@ -25,17 +25,15 @@ USAGE
 die() { echo "prepare.sh: $*" >&2; exit 2; }
 
 data="" dest="data-bin/enwik8" workers=4 valid_bytes=5000000 test_bytes=5000000
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -h|--help) usage; exit 0 ;;
-    --data) [ $# -ge 2 ] || die "--data needs a folder"; data="$2"; shift 2 ;;
-    --dest) [ $# -ge 2 ] || die "--dest needs a folder"; dest="$2"; shift 2 ;;
-    --valid-bytes) [ $# -ge 2 ] || die "--valid-bytes needs a number"; valid_bytes="$2"; shift 2 ;;
-    --test-bytes) [ $# -ge 2 ] || die "--test-bytes needs a number"; test_bytes="$2"; shift 2 ;;
-    --workers) [ $# -ge 2 ] || die "--workers needs a number"; workers="$2"; shift 2 ;;
-    *) usage >&2; die "unknown argument: $1" ;;
-  esac
-done
+# shellcheck source=../recipe_args.sh
+source "$(dirname "$0")/../recipe_args.sh"
+recipe_flag --data data DIR
+recipe_flag --dest dest DIR
+recipe_flag --valid-bytes valid_bytes int
+recipe_flag --test-bytes test_bytes int
+recipe_flag --workers workers int
+recipe_parse "$@"
+[ ${#RECIPE_ARGS[@]} -eq 0 ] || die "unexpected argument ${RECIPE_ARGS[0]} (see --help)"
 python="${PYTHON:-python}"
 command -v fairseq-preprocess >/dev/null || die "fairseq-preprocess not found on PATH: activate the environment with fairseq"
 

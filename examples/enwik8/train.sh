@@ -3,7 +3,7 @@
 set -euo pipefail
 recipe=enwik8 level=char default_data=data-bin/enwik8
 about="Trains on DATA_BIN (default $default_data, made by prepare.sh). The paper preset is the paper's model,
-clusterformer_lm_enwik8: 16 layers of 512 dims, tied byte embeddings, long-range layers 11 and 15."
+clusterformer_lm_enwik8 (every preset's settings: docs/usage.md, 'The LM presets')."
 # shellcheck source=../lm_recipe.sh
 source "$(dirname "$0")/../lm_recipe.sh"
 train_main "$@"

@@ -8,13 +8,12 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 data="$repo/examples/data" out=longrange-work/data-bin
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --data) data=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) sed -n '2,7p' "$0" >&2; exit 2 ;;
-  esac
-done
+# shellcheck source=../recipe_args.sh
+source "$repo/examples/recipe_args.sh"
+recipe_flag --data data DIR
+recipe_flag --out out DIR
+recipe_parse "$@"
+[ ${#RECIPE_ARGS[@]} -eq 0 ] || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (see --help)"
 for f in wikitext-2/valid.txt wikitext-2/test.txt tinyshakespeare/input.txt; do
   [ -f "$data/$f" ] || { echo "prepare.sh: --data $data has no $f" >&2; exit 2; }
 done

@@ -1,6 +1,6 @@
 """Tables and the plot of the long-range comparison from the breakdown's JSON files.
 
-    python examples/longrange/report.py longrange-work/results --out examples/longrange/results
+    python examples/longrange/report.py longrange-work/results --out benchmarks/results/longrange
 
 Reads RESULTS/<data set>/<kind>-s<seed>.json (written by fairseq-clusterformer-longrange --json) and writes
 <out>/results.md (per data set: loss per distance bucket and kind, mean of the seeds with their spread, the mechanism

@@ -16,6 +16,10 @@ set -euo pipefail
 kind=$1 seed=$2 data=$3 save=$4
 shift 4
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=../recipe_args.sh
+source "$repo/examples/recipe_args.sh"
+recipe_check int "SEED $seed" "$seed"
+recipe_env int UPDATES TOKENS BATCH WINDOW CLUSTERS THREADS
 window=${WINDOW:-8}
 model=(--decoder-layers 4 --decoder-embed-dim 128 --decoder-ffn-embed-dim 512 --decoder-attention-heads 4
   --decoder-normalize-before --share-decoder-input-output-embed --dropout 0)

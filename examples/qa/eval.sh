@@ -12,6 +12,9 @@ if (($# < 2)) || [[ "$1" == -h || "$1" == --help ]]; then
     sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'
     exit $(($# < 2 ? 2 : 0))
 fi
+# shellcheck source=../recipe_args.sh
+source "$(dirname "$0")/../recipe_args.sh"
+recipe_env int MAX_CONTEXT_EVAL BATCH NQ_THRESHOLD
 DATA="$1" CHECKPOINT="$2" SPLIT="${3:-valid}"
 OUTPUT="${4:-$(dirname "$CHECKPOINT")/$SPLIT.pred.json}"
 FLAGS=(--split "$SPLIT" --output "$OUTPUT" --batch-size "${BATCH:-4}" --nq-threshold "${NQ_THRESHOLD:-2}")

@@ -1,6 +1,6 @@
 # Shared by the prepare_*.sh recipes (sourced, not run). Parses the common flags, fetches the GPT-2 BPE files and
-# binarises QA JSONL records with the console scripts. Each recipe sets NAME and defines its own extra flags in
-# EXTRA_FLAGS_HELP / handle_flag.
+# binarises QA JSONL records with the console scripts. Each recipe sets NAME and its defaults, sources this file,
+# declares its own extra flags with recipe_flag (examples/recipe_args.sh) and calls parse_flags "$@".
 #   --data DIR        use the data set's files already in DIR instead of downloading them
 #   --out DIR         where the JSONL records (DIR/jsonl) and binarised data (DIR/bin) go (default data-bin/qa/NAME)
 #   --bpe-dir DIR     local GPT-2 encoder.json, vocab.bpe and dict.txt (default: fairseq's, downloaded into DIR/gpt2_bpe)
@@ -10,25 +10,24 @@
 set -euo pipefail
 
 DATA="" OUT="" BPE_DIR="" SPM_VOCAB="" HF_DIR=""
-parse_flags() {
-    while (($#)); do
-        case "$1" in
-            --data) DATA="$2"; shift 2 ;;
-            --out) OUT="$2"; shift 2 ;;
-            --bpe-dir) BPE_DIR="$2"; shift 2 ;;
-            --spm-vocab) SPM_VOCAB="$2"; shift 2 ;;
-            --hf-dir) HF_DIR="$2"; shift 2 ;;
-            -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
-            *) if ! handle_flag "$@"; then echo "$0: unknown flag $1 (see --help)" >&2; exit 2; fi; shift 2 ;;
-        esac
-    done
+# shellcheck source=../recipe_args.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../recipe_args.sh"
+recipe_flag --data DATA DIR
+recipe_flag --out OUT DIR
+recipe_flag --bpe-dir BPE_DIR DIR
+recipe_flag --spm-vocab SPM_VOCAB int
+recipe_flag --hf-dir HF_DIR DIR
+parse_flags() {  # every check before the first folder is made
+    recipe_parse "$@"
+    ((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (see --help)"
+    recipe_env int MAX_CONTEXT_TOKENS
     OUT="${OUT:-data-bin/qa/$NAME}"
-    mkdir -p "$OUT/jsonl" "$OUT/download"
     if [[ -n "$DATA" && ! -d "$DATA" ]]; then echo "$0: --data $DATA is not a directory" >&2; exit 2; fi
     if [[ -n "$HF_DIR" && ! -f "$HF_DIR/tokenizer.json" ]]; then
         echo "$0: --hf-dir $HF_DIR holds no tokenizer.json (import the encoder with fairseq-clusterformer-import-hf)" >&2
         exit 2
     fi
+    mkdir -p "$OUT/jsonl" "$OUT/download"
 }
 
 fetch() {  # fetch URL FILE: download unless FILE is already there

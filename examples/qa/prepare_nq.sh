@@ -5,7 +5,6 @@
 # Downloads about 5 GB (simplified train 4.4 GB, dev 1 GB). --data DIR: use
 #   DIR/v1.0-simplified/simplified-nq-train.jsonl.gz and DIR/v1.0/dev/nq-dev-*.jsonl.gz instead.
 NAME=nq
-handle_flag() { return 1; }
 source "$(dirname "$0")/prepare_common.sh"
 parse_flags "$@"
 

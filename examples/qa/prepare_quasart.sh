@@ -6,10 +6,8 @@
 #   contexts/{short,long}/{split}_contexts.json.gz) instead of downloading it.
 # --contexts: the sentence-level (short, default) or document-level (long) retrieved contexts.
 NAME=quasart CONTEXTS=short
-handle_flag() {
-    case "$1" in --contexts) CONTEXTS="$2" ;; *) return 1 ;; esac
-}
 source "$(dirname "$0")/prepare_common.sh"
+recipe_flag --contexts CONTEXTS short\|long
 parse_flags "$@"
 
 SRC="${DATA:-$OUT/download/quasar-t}"

@@ -5,7 +5,6 @@
 # with gdown (pip install gdown) when it is installed; otherwise download them by hand and give --data DIR.
 # --data DIR: any folder holding train.txt, val.txt and test.txt (or the zip file that contains them).
 NAME=searchqa
-handle_flag() { return 1; }
 source "$(dirname "$0")/prepare_common.sh"
 parse_flags "$@"
 

@@ -9,16 +9,11 @@
 #   48-article v1.1 dev set and GPT-2 BPE).
 # --hf-dir DIR: tokenise as the Hugging Face encoder imported into DIR does (fairseq-clusterformer-import-hf).
 NAME=squad VERSION=1.1 SPLIT_DEV="" CONTEXTS=article
-handle_flag() {
-    case "$1" in
-        --version) VERSION="$2" ;; --split-dev) SPLIT_DEV="$2" ;; --contexts) CONTEXTS="$2" ;; *) return 1 ;;
-    esac
-}
 source "$(dirname "$0")/prepare_common.sh"
+recipe_flag --version VERSION 1.1\|2.0
+recipe_flag --split-dev SPLIT_DEV int
+recipe_flag --contexts CONTEXTS article\|paragraph
 parse_flags "$@"
-if [[ "$CONTEXTS" != article && "$CONTEXTS" != paragraph ]]; then
-    echo "$0: --contexts $CONTEXTS: expected article or paragraph" >&2; exit 2
-fi
 
 SRC="${DATA:-$OUT/download}"
 if [[ -z "$DATA" ]]; then

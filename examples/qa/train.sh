@@ -30,6 +30,10 @@ done
 [[ -f "$DATA/dict.txt" && -f "$DATA/qa_config.json" ]] || { echo "$0: $DATA is not a binarised QA directory" >&2; exit 2; }
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$(dirname "$here")")"
+# shellcheck source=../recipe_args.sh
+source "$repo/examples/recipe_args.sh"
+recipe_env int WARMUP UPDATES BATCH MAX_SENTENCES CLUSTERS WINDOW STRIDE MAX_CONTEXT_TRAIN MAX_CONTEXT_EVAL \
+    MAX_QUESTION MEMORY KMEANS_INTERVAL SEED
 
 if ((SMALL)); then
     # a window is <s> question </s></s> + 64 context tokens, within the tiny model's 128 positions: 61-token questions

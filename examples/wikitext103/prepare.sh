@@ -24,15 +24,13 @@ USAGE
 die() { echo "prepare.sh: $*" >&2; exit 2; }
 
 data="" dest="data-bin/wikitext-103" workers=4
-while [ $# -gt 0 ]; do
-  case "$1" in
-    -h|--help) usage; exit 0 ;;
-    --data) [ $# -ge 2 ] || die "--data needs a folder"; data="$2"; shift 2 ;;
-    --dest) [ $# -ge 2 ] || die "--dest needs a folder"; dest="$2"; shift 2 ;;
-    --workers) [ $# -ge 2 ] || die "--workers needs a number"; workers="$2"; shift 2 ;;
-    *) usage >&2; die "unknown argument: $1" ;;
-  esac
-done
+# shellcheck source=../recipe_args.sh
+source "$(dirname "$0")/../recipe_args.sh"
+recipe_flag --data data DIR
+recipe_flag --dest dest DIR
+recipe_flag --workers workers int
+recipe_parse "$@"
+[ ${#RECIPE_ARGS[@]} -eq 0 ] || die "unexpected argument ${RECIPE_ARGS[0]} (see --help)"
 command -v fairseq-preprocess >/dev/null || die "fairseq-preprocess not found on PATH: activate the environment with fairseq"
 
 if [ -z "$data" ]; then

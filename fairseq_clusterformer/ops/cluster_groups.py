@@ -23,10 +23,17 @@ import torch
 from torch import Tensor
 
 
-def default_groups(tokens_per_sample: int, window_size: int) -> int:
+def segment_groups(tokens_per_sample: int, window_size: int) -> int:
     """Groups of about two windows' worth of tokens at the training segment length: with the band's reach of one
     window, a token then sees about as many keys as paper mode's two overlapping windows let it see."""
     return max(1, round(tokens_per_sample / (2 * window_size)))
+
+
+def default_groups(tokens_per_sample: int, window_size: int, num_clusters: int) -> int:
+    """The group count that --cluster-groups 0 stands for: ``segment_groups``, at most one group per cluster (a
+    group is a run of at least one cluster, so more groups than clusters cannot be cut). Only an explicit
+    --cluster-groups above --num-clusters is an error: the user never chose this one."""
+    return min(segment_groups(tokens_per_sample, window_size), num_clusters)
 
 
 def uniform_shares(num_clusters: int, device: torch.device | None = None) -> Tensor:

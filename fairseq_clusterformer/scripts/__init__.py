@@ -1,1 +1,2 @@
-"""Console scripts, one sub-package per job (qa, lm, longrange); entry points in setup.py."""
+"""Console scripts of the language model and the long-range analysis (the QA ones are in ``qa/scripts``), and the
+helpers every console script shares; entry points in setup.py."""

@@ -31,6 +31,7 @@ from fairseq.sequence_scorer import SequenceScorer
 from torch import Tensor
 
 import fairseq_clusterformer  # noqa: F401  registers the clusterformer models and tasks (and fixes the batching)
+from fairseq_clusterformer.layers.centroid_check import naming_checkpoint
 from fairseq_clusterformer.scripts.cli_logging import log_like_fairseq
 
 logger = logging.getLogger("fairseq_clusterformer.causal_eval")
@@ -133,14 +134,15 @@ def evaluate(args: argparse.Namespace) -> dict:
     if cfg.eval_lm.context_window > 0:
         cfg.task.tokens_per_sample -= cfg.eval_lm.context_window
     task = tasks.setup_task(cfg.task)
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
-        [cfg.common_eval.path],
-        arg_overrides=eval(cfg.common_eval.model_overrides),  # a dict literal, as fairseq-eval-lm reads it
-        suffix=cfg.checkpoint.checkpoint_suffix,
-        strict=(cfg.checkpoint.checkpoint_shard_count == 1),
-        num_shards=cfg.checkpoint.checkpoint_shard_count,
-        task=task,
-    )
+    with naming_checkpoint(cfg.common_eval.path):
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+            [cfg.common_eval.path],
+            arg_overrides=eval(cfg.common_eval.model_overrides),  # a dict literal, as fairseq-eval-lm reads it
+            suffix=cfg.checkpoint.checkpoint_suffix,
+            strict=(cfg.checkpoint.checkpoint_shard_count == 1),
+            num_shards=cfg.checkpoint.checkpoint_shard_count,
+            task=task,
+        )
     model = models[0]
     use_cuda = torch.cuda.is_available() and not cfg.common.cpu
     if use_cuda:

@@ -189,7 +189,7 @@ def select_rows(spec: str) -> list[Row]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--preset", type=presets.preset_name, choices=sorted(PRESETS), default="small")
     parser.add_argument("--work", type=Path, required=True, help="folder for data, logs and results.md")
     parser.add_argument("--levels", default="word,char", help="comma-separated: word, char")
     parser.add_argument("--rows", default="all", help="comma-separated row keys (see --list-rows) or 'all'")

@@ -1,10 +1,10 @@
-"""The presets (tiny / small / paper, per level), the rows of the paper's Table 3, and the fairseq command lines.
+"""The presets (smoke / small / paper, per level), the rows of the paper's Table 3, and the fairseq command lines.
 
-The one place where the presets' settings live: compare_lm runs every row at a preset, and the recipes
-examples/{wikitext103,enwik8}/{train,eval}.sh read their defaults from this file's command line (``--shell``), so the
-two cannot drift apart. Every row of one level runs the same scale: the same layers, dimensions, data, batches and
-updates; only the long-range layers' kind, cluster count and causality differ. The long-range layers carry no extra
-parameters (centroids and LSH rotations are buffers), so every row has the same parameter count.
+The one home of the presets' settings (what each is for, and their table: docs/usage.md, "The LM presets"):
+compare_lm runs every row at a preset, and examples/{wikitext103,enwik8}/{train,eval}.sh read their defaults from
+``--shell``, so the two cannot drift apart. Every row of a level runs the same scale (layers, dimensions, data,
+batches, updates); only the long-range layers' kind, cluster count and causality differ, and none adds parameters
+(centroids and LSH rotations are buffers).
 
     python fairseq_clusterformer/scripts/lm/compare_presets.py --preset small --level word --print-flags
 """
@@ -80,7 +80,7 @@ class Scale:
 
 
 # seconds per row: a few updates of a 4-layer, 32-dim model; the K-Means job started at update 2 installs at 5
-TINY = Scale(
+SMOKE = Scale(
     arch="clusterformer_lm",
     layers=4,
     long_range_layers="2,4",
@@ -109,7 +109,7 @@ TINY = Scale(
 # 6 layers, long-range layers 4 and 6, segments of many windows: the five sliding-window layers below layer 6 reach
 # at most 5 * (window - 1) tokens back, so most of a segment is reachable only through the long-range layers
 SMALL = replace(
-    TINY,
+    SMOKE,
     layers=6,
     long_range_layers="4,6",
     embed_dim=128,
@@ -134,7 +134,7 @@ SMALL = replace(
 # paper section 4.2: 16 layers, 8 heads, long-range layers 11 and 15, 3,072-token segments, window 256, stride 128,
 # SGD, lr 0.1, clip 0.1, warm-up 16,000, 286,000 updates, dropout 0.3, batch 16 (the named architectures' dims)
 PAPER = replace(
-    TINY,
+    SMOKE,
     arch="clusterformer_lm_wiki103",
     layers=16,
     long_range_layers="11,15",
@@ -167,10 +167,20 @@ PAPER = replace(
 CHAR_SMALL = replace(SMALL, tokens=2048, window=128, stride=64, context_window=1024, eval_max_tokens=8192)
 CHAR_PAPER = replace(PAPER, arch="clusterformer_lm_enwik8", embed_dim=512, ffn_dim=2048, criterion="cross_entropy")
 PRESETS: dict[str, dict[str, Scale]] = {
-    "tiny": {"word": TINY, "char": TINY},
+    "smoke": {"word": SMOKE, "char": SMOKE},
     "small": {"word": SMALL, "char": CHAR_SMALL},
     "paper": {"word": PAPER, "char": CHAR_PAPER},
 }
+# old name -> new name: "tiny" was also the 64-dim architecture clusterformer_lm_tiny, a different model
+RENAMED = {"tiny": "smoke"}
+
+
+def preset_name(name: str) -> str:
+    """--preset's argparse type: a renamed preset's old name still runs, as its new name, with a note on stderr."""
+    if name in RENAMED:
+        print(f"--preset {name} was renamed --preset {RENAMED[name]}: running that", file=sys.stderr)
+        return RENAMED[name]
+    return name
 
 
 def flags(**values: object) -> list[str]:
@@ -276,7 +286,7 @@ def shell_assignments(scale: Scale) -> list[str]:
 
 def cli_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The LM presets' settings, as fairseq-train flags or shell lines.")
-    parser.add_argument("--preset", choices=sorted(PRESETS), required=True)
+    parser.add_argument("--preset", type=preset_name, choices=sorted(PRESETS), required=True)
     parser.add_argument("--level", choices=sorted(LEVELS), required=True, help="word (WikiText) or char (enwik8)")
     parser.add_argument("--kind", choices=("cluster", "lsh", "sparse", "none"), default="cluster")
     parser.add_argument("--clusters", type=int, help="clusters or LSH buckets (default: the preset's)")
@@ -286,8 +296,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     output.add_argument("--shell", action="store_true", help="preset_<setting>=<value> lines, read by the recipes")
     args = parser.parse_args(argv)
     scale = PRESETS[args.preset][args.level]
-    if args.shell:
-        lines = shell_assignments(scale)
+    if args.shell:  # preset_name: the preset's current name, for the recipes' checkpoint folders
+        lines = [f"preset_name={args.preset}", *shell_assignments(scale)]
     else:
         lines = setting_flags(recipe_row(scale, args.kind, args.clusters, args.causality), scale)
     sys.stdout.write("".join(line + "\n" for line in lines))

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from fairseq_clusterformer.models.checkpoint_kind import load_checkpoint
-from fairseq_clusterformer.models.clusterformer_lm import ClusterFormerLanguageModel
-from fairseq_clusterformer.modules.sorted_window_layer import SortedWindowLayer
+from fairseq_clusterformer.layers.sorted_window import SortedWindowLayer
+from fairseq_clusterformer.lm.model import ClusterFormerLanguageModel
 from fairseq_clusterformer.ops import cluster_stats as stats
+from fairseq_clusterformer.scripts.model_loading import load_checkpoint
 
 # how the byte-level (enwik8-style) dictionaries' invisible characters are shown
 VISIBLE = {" ": "\u2423", "\t": "\u21e5"}

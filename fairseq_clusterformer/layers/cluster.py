@@ -1,0 +1,120 @@
+"""The Cluster-Former layer (paper section 3.2).
+
+B = batch, T = tokens, C = channels, P = clusters.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor, nn
+
+from fairseq_clusterformer.layers.settings import LayerSettings
+from fairseq_clusterformer.layers.sorted_window import NeighbourGroupLayer
+from fairseq_clusterformer.ops.cluster_groups import uniform_shares
+from fairseq_clusterformer.ops.clustering import assign_clusters, cluster_size_entropy
+from fairseq_clusterformer.ops.kmeans import random_ordered_centroids
+
+logger = logging.getLogger(__name__)
+
+
+class Float32Buffers(nn.Module):
+    """Keeps the buffers named in ``float32_buffers`` float32 through ``.half()``, ``.bfloat16()`` and ``.to(dtype)``
+    (they still follow the module to its device).
+
+    The group assignment computes in float32; a centroid or a hash direction rounded to half precision once would
+    put tokens into other clusters than the float32 model does, and fairseq's ``--fp16`` calls ``model.half()``.
+    """
+
+    float32_buffers: tuple[str, ...] = ()
+
+    def _apply(self, fn, *args, **kwargs):
+        # *args: torch >= 2.1 passes ``recurse``; the torch 2.0 of the official fairseq 0.12.2 set-up does not
+        before = {name: self._buffers[name] for name in self.float32_buffers if self._buffers.get(name) is not None}
+        result = super()._apply(fn, *args, **kwargs)
+        for name, original in before.items():
+            converted = self._buffers[name]
+            if converted.dtype != original.dtype:
+                # the untouched original, not the rounded copy cast back: bit for bit the float32 values
+                self._buffers[name] = original.to(converted.device)
+        return result
+
+
+class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
+    """Sort the states by their nearest centroid, run the layer on windows of the sorted sequence, unsort."""
+
+    kind = "cluster"
+    float32_buffers = ("centroids", "shares")
+
+    def __init__(
+        self,
+        settings: LayerSettings,
+        num_clusters: int,
+        causality: str = "strict",
+        band_groups: int = 1,
+        values: str = "own",
+    ) -> None:
+        super().__init__(settings, num_clusters, causality, band_groups, values)
+        self.num_clusters = num_clusters
+        # a buffer, not a parameter: K-Means on the memory bank sets it, and checkpoints carry it
+        self.register_buffer("centroids", random_ordered_centroids(num_clusters, settings.embed_dim))
+        # each cluster's share of the banked states at the last refresh: where the strict mode cuts its groups
+        self.register_buffer("shares", uniform_shares(num_clusters))
+        # how many K-Means refreshes these centroids have seen: a checkpoint says whether they were ever fitted
+        self.register_buffer("refreshes", torch.zeros((), dtype=torch.long))
+        # set by the memory bank that records this layer's training inputs (``refresh.layer_banks``, through a
+        # forward pre-hook): training without one would never refresh the centroids
+        self.banked = False
+        self.last_cluster_entropy: Tensor | None = None
+
+    def cluster_ids(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
+        """B x T cluster ids (pads get P)."""
+        return assign_clusters(x, self.centroids, padding_mask)
+
+    group_ids = cluster_ids
+
+    def cluster_shares(self) -> Tensor:
+        return self.shares
+
+    def observe(self, x: Tensor, padding_mask: Tensor | None, ids: Tensor) -> None:
+        if self.training:
+            self.last_cluster_entropy = cluster_size_entropy(ids, self.num_clusters, padding_mask)
+
+    @torch.no_grad()
+    def set_centroids(self, centroids: Tensor, shares: Tensor | None = None) -> None:
+        """Install new (already greedily ordered) centroids, P x C, with each one's share of the banked states
+        (P,; None = equal shares)."""
+        if centroids.shape != self.centroids.shape:
+            expected = tuple(self.centroids.shape)
+            raise ValueError(f"new centroids have shape {tuple(centroids.shape)}, expected {expected}")
+        if shares is not None and shares.shape != self.shares.shape:
+            expected = tuple(self.shares.shape)
+            raise ValueError(f"new cluster shares have shape {tuple(shares.shape)}, expected {expected}")
+        self.centroids.copy_(centroids.to(self.centroids))
+        self.shares.copy_(uniform_shares(self.num_clusters) if shares is None else shares.to(self.shares))
+        self.update_groups()
+        self.refreshes += 1
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors):
+        saved = state_dict.get(prefix + "centroids")
+        if saved is not None and saved.shape != self.centroids.shape:
+            raise ValueError(
+                f"checkpoint centroids {prefix}centroids have shape {tuple(saved.shape)} but the model expects "
+                f"{tuple(self.centroids.shape)}: --num-clusters ({self.num_clusters}) or the embedding dim "
+                "differs from the checkpoint's"
+            )
+        if saved is not None and prefix + "shares" not in state_dict:
+            # checkpoints written before the strict mode cut groups by cluster shares: equal shares
+            state_dict[prefix + "shares"] = uniform_shares(self.num_clusters)
+        refreshes = state_dict.get(prefix + "refreshes")
+        if saved is not None and refreshes is None:
+            # checkpoints written before the count existed: keep the model's own count, say nothing about it
+            state_dict[prefix + "refreshes"] = self.refreshes.clone()
+        elif refreshes is not None and int(refreshes) == 0:
+            logger.warning(
+                f"{prefix}centroids were never refreshed by K-Means: the checkpoint was written before the first "
+                "K-Means refresh, so this layer clusters with its random, greedily ordered initial centroids"
+            )
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors)
+        self.update_groups()

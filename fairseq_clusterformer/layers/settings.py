@@ -1,0 +1,163 @@
+"""The settings every windowed and long-range layer is built from, and the one place they are checked.
+
+A model turns its flags into a ``LayerSettings`` and a ``LongRangePlan``; their ``__post_init__`` reject bad values
+with an error that names the fairseq flag at fault. The layers, the decoder and the window schemes trust them and
+check nothing again; a layer built on its own (tests, benchmarks) runs the same check through
+``check_long_range``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+WINDOW_MERGE_CHOICES = ("layer", "attention")
+SLIDING_WINDOW_CHOICES = ("overlap", "band")
+LONG_RANGE_CHOICES = ("cluster", "lsh", "sparse", "none")
+CAUSALITY_CHOICES = ("strict", "paper")
+# what a long-range key's value is: its own state's ("own", the paper), or the state of the token after it ("next")
+LONG_RANGE_VALUE_CHOICES = ("own", "next")
+
+
+def check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ValueError(f"{flag} must be one of {tuple(choices)}, got {value!r}")
+
+
+def check_window(size: int, stride: int) -> None:
+    """Reject window/stride pairs for which windows would not overlap or not tile the sequence."""
+    if size < 1 or stride < 1:
+        raise ValueError(f"--window-size ({size}) and --window-stride ({stride}) must be positive")
+    if stride >= size:
+        raise ValueError(
+            f"--window-stride ({stride}) must be smaller than --window-size ({size}): "
+            "the paper's windows overlap (m < l) so that neighbouring windows share states"
+        )
+
+
+@dataclass(frozen=True)
+class LayerSettings:
+    embed_dim: int
+    ffn_dim: int
+    heads: int
+    window_size: int
+    window_stride: int
+    causal: bool = True
+    normalize_before: bool = False
+    dropout: float = 0.0
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation_fn: str = "relu"
+    # "layer": the paper, the whole layer runs per window and overlapping outputs are averaged; "attention": only
+    # the attention outputs are averaged, then residual, norm and FFN run once per token (half the FFN work at
+    # stride l/2). The two agree wherever no token is a query in two windows (the bands: strict causality's and
+    # --sliding-windows band); overlapping windows always overlap, as ``check_window`` requires stride < size.
+    window_merge: str = "layer"
+    # the sliding-window layers: "overlap" (the paper), windows [k*m, k*m + l) with the outputs of overlapping
+    # windows averaged, so a token's output mixes a window where it sees up to l - 1 earlier tokens with one where
+    # it may see none; "band" (causal only), every token attends to itself and exactly its l - 1 predecessors
+    sliding_windows: str = "overlap"
+
+    def __post_init__(self) -> None:
+        check_window(self.window_size, self.window_stride)
+        check_choice("--window-merge", self.window_merge, WINDOW_MERGE_CHOICES)
+        check_choice("--sliding-windows", self.sliding_windows, SLIDING_WINDOW_CHOICES)
+        if self.sliding_windows == "band" and not self.causal:
+            raise ValueError("--sliding-windows band is a causal (language model) scheme; bidirectional layers overlap")
+        # the LM's flags say decoder, the QA model's encoder: name both
+        if self.heads < 1 or self.embed_dim % self.heads:
+            raise ValueError(
+                f"the embedding dim ({self.embed_dim}) must be a positive multiple of the number of attention heads "
+                f"({self.heads}): --decoder-embed-dim / --decoder-attention-heads (--encoder-* for QA)"
+            )
+
+
+def check_long_range(kind: str, num_clusters: int, causality: str, band_groups: int, values: str = "own") -> None:
+    """The rules of ``LongRangePlan``, for one long-range layer of ``kind``."""
+    check_choice("--long-range-layer", kind, LONG_RANGE_CHOICES)
+    check_choice("--cluster-causality", causality, CAUSALITY_CHOICES)
+    check_choice("--long-range-values", values, LONG_RANGE_VALUE_CHOICES)
+    if values == "next" and (kind == "none" or causality != "strict"):
+        raise ValueError(
+            "--long-range-values next needs long-range layers (--long-range-layer cluster, lsh or sparse) with "
+            f"--cluster-causality strict, got --long-range-layer {kind} --cluster-causality {causality}"
+        )
+    if num_clusters < 1:
+        raise ValueError(f"--num-clusters must be positive, got {num_clusters}")
+    if kind == "lsh" and num_clusters % 2:
+        raise ValueError(
+            "--num-clusters must be an even number >= 2 for --long-range-layer lsh (angular LSH draws --num-clusters"
+            f" / 2 random directions and takes the argmax over them and their negatives), got {num_clusters}"
+        )
+    if band_groups < 1:
+        raise ValueError(f"--cluster-groups must be positive (or 0 for the default), got {band_groups}")
+    if kind in ("cluster", "lsh") and causality == "strict" and band_groups > num_clusters:
+        # a group is a run of neighbouring clusters: more groups than clusters leaves groups empty, and the
+        # attention pattern is not the one asked for
+        raise ValueError(
+            f"--cluster-groups {band_groups} must not exceed --num-clusters ({num_clusters}): every group is a run of "
+            "at least one cluster (0, the default, is capped at --num-clusters)"
+        )
+
+
+@dataclass(frozen=True)
+class LongRangePlan:
+    """Which layers are long-range, and what they run."""
+
+    layers: frozenset[int]  # 1-based layer numbers, as the paper counts
+    kind: str = "cluster"
+    num_clusters: int = 512
+    causality: str = "strict"
+    # strict causality: groups of neighbouring clusters (or LSH buckets) a token's keys come from
+    band_groups: int = 1
+    values: str = "own"
+
+    def __post_init__(self) -> None:
+        check_long_range(self.kind, self.num_clusters, self.causality, self.band_groups, self.values)
+        if not self.layers and self.kind != "none":
+            raise ValueError(
+                f"--long-range-layers is empty, so no layer would run --long-range-layer {self.kind}: name the "
+                "long-range layers (e.g. '11,15'), or say --long-range-layer none for sliding windows everywhere"
+            )
+
+
+def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layers") -> frozenset[int]:
+    """'11,15' -> {11, 15}; every entry must be a layer number in 1..num_layers, named once."""
+    try:
+        numbers = [int(item) for item in str(spec).replace(" ", "").split(",") if item]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated layer numbers like '11,15', got {spec!r}") from None
+    layers = frozenset(numbers)
+    if len(layers) < len(numbers):
+        repeated = sorted({i for i in numbers if numbers.count(i) > 1})
+        raise ValueError(f"{flag} {spec!r} names layer(s) {repeated} more than once: a layer is long-range once")
+    bad = sorted(i for i in layers if not 1 <= i <= num_layers)
+    if bad:
+        raise ValueError(f"{flag} {spec!r}: layer(s) {bad} outside 1..{num_layers} (layers are numbered from 1)")
+    return layers
+
+
+def settings_by_flag(settings: LayerSettings, plan: LongRangePlan, role: str) -> dict[str, object]:
+    """What the layers compute, by the flag that sets it (``role``: "decoder" for the LM's flags, "encoder" for QA's):
+    what a resumed checkpoint must agree on. Dropouts are left out: they regularise training, the trained function
+    is the same, and changing them for the rest of a run is a choice a user may make."""
+    values: dict[str, object] = {
+        f"--{role}-embed-dim": settings.embed_dim,
+        f"--{role}-ffn-embed-dim": settings.ffn_dim,
+        f"--{role}-attention-heads": settings.heads,
+        f"--{role}-normalize-before": settings.normalize_before,
+        "--activation-fn": settings.activation_fn,
+        "--window-size": settings.window_size,
+        "--window-stride": settings.window_stride,
+        "--window-merge": settings.window_merge,
+        "--sliding-windows": settings.sliding_windows,
+        "--long-range-layer": plan.kind,
+    }
+    if plan.kind != "none":  # sliding windows everywhere: the long-range settings change nothing
+        values["--long-range-layers"] = ",".join(map(str, sorted(plan.layers)))
+        values["--cluster-causality"] = plan.causality
+        values["--long-range-values"] = plan.values
+    if plan.kind in ("cluster", "lsh"):  # the sparse pattern has no clusters or groups
+        values["--num-clusters"] = plan.num_clusters
+        values["--cluster-groups"] = plan.band_groups
+    return values

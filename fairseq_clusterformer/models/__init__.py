@@ -1,1 +1,0 @@
-from fairseq_clusterformer.models import clusterformer_lm, clusterformer_qa  # noqa: F401

@@ -1,0 +1,223 @@
+"""Table b of examples/qa/README.md from the runs' prediction files: EM / F1 per kind and seed, each kind against
+the sliding window on the same questions, and where the Cluster-Former layers' question tokens look.
+
+    python -m fairseq_clusterformer.qa.scripts.table --results benchmarks/results/qa_pretrained/device \
+        --squad examples/data/squad/dev-v1.1.json --held-out-from 40 --markdown report.md --json report.json
+
+--results holds one folder per scored run, CONTEXTS_KIND_seedSEED/ with summary.json (settings, device) and
+valid.pred.json (official SQuAD predictions), and reach.json (fairseq-clusterformer-qa-reach) where measured. The
+gold answers are those of --squad's articles from --held-out-from on; a question without a prediction scores 0, as
+in the official script, and each run's recomputed EM / F1 must equal its summary's (else the gold is not the one
+it was scored on). Per kind: EM / F1 of each seed, their mean and half their spread. Against --baseline (none): the
+per-question difference (same question, same seed; averaged over the seeds both kinds have) and its 95 % percentile
+bootstrap interval over questions (--resamples draws with --seed). The intervals take questions as independent; the
+questions of one article are not, so they are narrower than an interval over articles would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fairseq_clusterformer.qa.ops.metrics import exact_match, max_over_gold, token_f1
+from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval, paired_differences
+from fairseq_clusterformer.scripts.cli_logging import run_cli
+
+LABELS = {
+    "none": "sliding windows only (`none`)",
+    "cluster": "Cluster-Former layers 5, 6 (`cluster`)",
+    "lsh": "`lsh`",
+    "sparse": "`sparse`",
+}
+METRICS = {"exact_match": exact_match, "f1": token_f1}
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fairseq_clusterformer.qa.scripts.table", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--results", type=Path, required=True, help="one folder per scored run")
+    parser.add_argument("--squad", type=Path, required=True, help="SQuAD v1.1 JSON holding the held-out articles")
+    parser.add_argument("--held-out-from", type=int, required=True, help="index of the first held-out article")
+    parser.add_argument("--baseline", default="none", help="the kind the others are compared with")
+    parser.add_argument("--resamples", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=1, help="the bootstrap's random seed")
+    parser.add_argument("--markdown", type=Path, help="write the tables here")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    return parser
+
+
+def held_out_gold(squad: Path, first: int) -> dict[str, list[str]]:
+    articles = json.loads(squad.read_text(encoding="utf-8"))["data"][first:]
+    gold = {q["id"]: [a["text"] for a in q["answers"]] for a in articles for p in a["paragraphs"] for q in p["qas"]}
+    if not gold:
+        raise ValueError(f"--squad {squad}: no question in its articles from --held-out-from {first} on")
+    return gold
+
+
+def per_question(predictions: dict[str, str], gold: dict[str, list[str]]) -> dict[str, np.ndarray]:
+    """Metric -> Q scores in percent, in ``gold``'s order; a missing prediction scores 0."""
+    return {name: 100.0 * np.array([max_over_gold(metric, predictions[q], answers) if q in predictions else 0.0
+                                    for q, answers in gold.items()])
+            for name, metric in METRICS.items()}  # fmt: skip
+
+
+def load_runs(results: Path, gold: dict[str, list[str]]) -> list[dict[str, Any]]:
+    runs = []
+    for summary_file in sorted(results.glob("*/summary.json")):
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+        predictions = json.loads((summary_file.parent / "valid.pred.json").read_text(encoding="utf-8"))
+        scores = per_question(predictions, gold)
+        for name, values in scores.items():
+            if abs(values.mean() - summary[name]) > 1e-6:
+                raise ValueError(
+                    f"{summary_file}: {name} {summary[name]:.4f}, but {values.mean():.4f} against --squad's articles "
+                    "from --held-out-from: not the questions it was scored on"
+                )
+        reach = summary_file.parent / "reach.json"
+        runs.append({"name": summary_file.parent.name, "contexts": summary_file.parent.name.split("_")[0],
+                     "kind": summary["settings"]["kind"], "seed": summary["settings"]["seed"], "summary": summary,
+                     "scores": scores,
+                     "reach": json.loads(reach.read_text(encoding="utf-8")) if reach.is_file() else None})  # fmt: skip
+    return runs
+
+
+def kind_order(kind: str) -> tuple[int, str]:
+    """Table order: the README's kinds first (none, cluster, lsh, sparse), any other after them."""
+    return (list(LABELS).index(kind) if kind in LABELS else len(LABELS), kind)
+
+
+def kind_rows(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Kind -> seeds, per-seed EM / F1, mean and half the spread."""
+    rows: dict[str, dict[str, Any]] = {}
+    for run in sorted(runs, key=lambda r: (kind_order(r["kind"]), r["seed"])):
+        row = rows.setdefault(run["kind"], {"seeds": [], **{m: [] for m in METRICS}})
+        row["seeds"].append(run["seed"])
+        for m in METRICS:
+            row[m].append(float(run["scores"][m].mean()))
+    for row in rows.values():
+        for m in METRICS:
+            row[f"{m}_mean"] = float(np.mean(row[m]))
+            row[f"{m}_half_spread"] = float((max(row[m]) - min(row[m])) / 2)
+    return rows
+
+
+def paired(runs: list[dict[str, Any]], baseline: str, resamples: int, seed: int) -> dict[str, dict[str, Any]]:
+    """Kind -> the seeds it shares with the baseline, and per metric the mean per-question difference and interval."""
+    by = {(r["kind"], r["seed"]): r for r in runs}
+    out = {}
+    for kind in sorted({r["kind"] for r in runs} - {baseline}, key=kind_order):
+        seeds = sorted(s for k, s in by if k == kind and (baseline, s) in by)
+        if not seeds:
+            continue
+        entry: dict[str, Any] = {"seeds": seeds, "questions": int(by[(kind, seeds[0])]["scores"]["f1"].size)}
+        for m in METRICS:
+            diff = paired_differences(np.stack([by[(kind, s)]["scores"][m] for s in seeds]),
+                                      np.stack([by[(baseline, s)]["scores"][m] for s in seeds]))  # fmt: skip
+            entry[m] = {"mean": float(diff.mean()), "interval": bootstrap_interval(diff, resamples, seed)}
+        out[kind] = entry
+    return out
+
+
+def reach_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per measured run and long-range layer: the share of the question tokens' keys outside their own window that
+    lie in the answer's paragraph, against that paragraph's share of the context; the sliding window's in-paragraph
+    share beside it."""
+    rows = []
+    for run in sorted((r for r in runs if r["reach"]), key=lambda r: (r["contexts"], kind_order(r["kind"]), r["seed"])):
+        window = run["reach"]["rows"][0]
+        for layer in run["reach"]["rows"][1:]:
+            rows.append({"run": run["name"], "layer": layer["layer"], "questions": layer["questions"],
+                         **{k: layer.get(k) for k in ("outside_window_share", "outside_window_paragraph_share",
+                                                      "outside_window_uniform_share", "paragraph_share",
+                                                      "uniform_share", "entropy_bits", "max_entropy_bits")},
+                         "window_paragraph_share": window["paragraph_share"]})  # fmt: skip
+    return rows
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def seed_cell(row: dict[str, Any], metric: str) -> str:
+    """``57.46 / 56.95 (57.21 ± 0.25)``: each seed's score, then their mean ± half the spread (table a's form)."""
+    cell = " / ".join(fmt(v) for v in row[metric])
+    if len(row[metric]) > 1:
+        cell += f" ({fmt(row[f'{metric}_mean'])} ± {fmt(row[f'{metric}_half_spread'])})"
+    return cell
+
+
+def markdown(report: dict[str, Any]) -> str:
+    devices = ", ".join(report["devices"]) or "no run yet"
+    lines = [f"Held-out articles from {report['held_out_from']} on, {report['questions']} questions, last checkpoints;"
+             f" device: {devices}.", ""]  # fmt: skip
+    for contexts, title in (("article", "b. whole articles"), ("paragraph", "a. paragraph contexts")):
+        rows = report["kinds"].get(contexts, {})
+        if not rows:
+            continue
+        lines += ["| run | EM | F1 |", "| --- | --- | --- |"]
+        for kind, row in rows.items():
+            cells = [seed_cell(row, m) for m in METRICS]
+            seeds = " / ".join(map(str, row["seeds"]))
+            lines.append(f"| {title}, {LABELS.get(kind, kind)}, seed{'s' * (len(row['seeds']) > 1)} {seeds} | "
+                         f"{cells[0]} | {cells[1]} |")  # fmt: skip
+        lines.append("")
+    if report["paired"]:
+        lines += [f"Against `{report['baseline']}`, same question and seed (mean over the shared seeds); 95 % bootstrap"
+                  f" interval over the questions ({report['resamples']} resamples, seed {report['seed']}):", "",
+                  "| kind | seeds | EM difference [95 % interval] | F1 difference [95 % interval] |",
+                  "| --- | --- | --- | --- |"]  # fmt: skip
+        for kind, entry in report["paired"].items():
+            cells = [f"{e['mean']:+.2f} [{e['interval'][0]:+.2f}, {e['interval'][1]:+.2f}]"
+                     for e in (entry[m] for m in METRICS)]  # fmt: skip
+            lines.append(f"| `{kind}` | {' / '.join(map(str, entry['seeds']))} | {cells[0]} | {cells[1]} |")
+        lines.append("")
+    if report["out_of_memory"]:
+        lines += ["fairseq logged running out of memory (it then skips the batch, so the run saw other data) in: "
+                  + ", ".join(f"{name} ({n} lines)" for name, n in report["out_of_memory"].items()), ""]  # fmt: skip
+    if report["reach"]:
+        lines += ["Where question tokens look (fairseq-clusterformer-qa-reach): of their keys outside their own "
+                  "window, the share in the answer's paragraph, against the paragraph's share of the context:", "",
+                  "| run | layer | questions | outside own window | of those in answer paragraph | uniform | "
+                  "sliding window: in answer paragraph |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for r in report["reach"]:
+            lines.append(f"| {r['run']} | {r['layer']} | {r['questions']} | {fmt(r['outside_window_share'], 3)} | "
+                         f"{fmt(r['outside_window_paragraph_share'], 3)} | {fmt(r['outside_window_uniform_share'], 3)}"
+                         f" | {fmt(r['window_paragraph_share'], 3)} |")  # fmt: skip
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    gold = held_out_gold(args.squad, args.held_out_from)
+    runs = load_runs(args.results, gold)
+    report = {
+        "held_out_from": args.held_out_from,
+        "questions": len(gold),
+        "baseline": args.baseline,
+        "resamples": args.resamples,
+        "seed": args.seed,
+        "devices": sorted({r["summary"].get("device", "?") for r in runs}),
+        "kinds": {c: kind_rows([r for r in runs if r["contexts"] == c]) for c in sorted({r["contexts"] for r in runs})},
+        "paired": paired([r for r in runs if r["contexts"] == "article"], args.baseline, args.resamples, args.seed),
+        "reach": reach_rows(runs),
+        "out_of_memory": {r["name"]: r["summary"]["oom_lines"] for r in runs if r["summary"].get("oom_lines")},
+    }
+    text = markdown(report)
+    print(text, end="")
+    if args.markdown:
+        args.markdown.write_text(text, encoding="utf-8")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def cli_main() -> None:
+    run_cli(main, get_parser())
+
+
+if __name__ == "__main__":
+    cli_main()

@@ -1,0 +1,75 @@
+"""Checkpoints written by an earlier version of the plug-in (before the package was restructured, see
+tests/data/old_checkpoints/README.md) evaluate, predict and resume exactly as that version did."""
+
+import json
+import re
+import shutil
+
+import pytest
+import torch
+
+from tests.conftest import PACKAGE, REPO, run_ok
+from tests.test_end_to_end import perplexity
+
+pytestmark = pytest.mark.e2e
+
+OLD = REPO / "tests" / "data" / "old_checkpoints"
+EXPECTED = json.loads((OLD / "expected.json").read_text())
+# the old run's settings (README.md), which a resume must repeat
+LM_TRAIN = [
+    "--user-dir", PACKAGE, "--task", "clusterformer_lm", "--arch", "clusterformer_lm_tiny", "--tokens-per-sample",
+    "200", "--sample-break-mode", "none", "--optimizer", "adam", "--lr", "0.003", "--batch-size", "4",
+    "--num-workers", "0", "--cluster-update-interval", "5", "--kmeans-swap-delay", "0", "--kmeans-backend", "torch",
+    "--memory-size", "2000", "--num-clusters", "8", "--no-save-optimizer-state", "--no-epoch-checkpoints", "--seed",
+    "3", "--cpu", "--decoder-embed-dim", "32", "--decoder-ffn-embed-dim", "64",
+]  # fmt: skip
+
+
+def test_an_old_language_model_evaluates_as_before():
+    out = run_ok(
+        "fairseq-eval-lm", OLD / "lm" / "bin", "--path", OLD / "lm" / "checkpoint_last.pt", "--user-dir", PACKAGE,
+        "--tokens-per-sample", "200", "--batch-size", "4", "--cpu", "--gen-subset", "test",
+    )  # fmt: skip
+    loss, ppl = perplexity(out)
+    assert (loss, ppl) == (EXPECTED["lm"]["eval_lm_test_loss_base2"], EXPECTED["lm"]["eval_lm_test_ppl"])
+
+
+def test_an_old_language_model_resumes_as_before(tmp_path):
+    save = tmp_path / "save"
+    save.mkdir()
+    shutil.copyfile(OLD / "lm" / "checkpoint_last.pt", save / "checkpoint_last.pt")
+    out = run_ok(
+        "fairseq-train", OLD / "lm" / "bin", *LM_TRAIN, "--valid-subset", "test", "--max-update", "16",
+        "--save-dir", save, "--reset-optimizer", "--log-format", "simple", "--log-interval", "1",
+    )  # fmt: skip
+    steps = []
+    for line in out.splitlines():
+        if "train_inner" in line:
+            fields = dict(re.findall(r"(\w+)=([0-9.]+)", line))
+            steps.append(
+                {
+                    "num_updates": int(fields["num_updates"]),
+                    "loss": float(fields["loss"]),
+                    "kmeans_refreshes": int(fields["kmeans_refreshes"]),
+                }
+            )
+    assert steps == EXPECTED["lm"]["resume_train_inner"]
+    valid = re.search(r"valid on 'test' subset \| loss ([0-9.]+)", out)
+    assert valid and float(valid.group(1)) == EXPECTED["lm"]["resume_valid_loss"]
+    # the save of this run: the banks in checkpoint_last.pt only
+    banks = {}
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt"):
+        state = torch.load(save / name, map_location="cpu", weights_only=False)
+        banks[name] = state["extra_state"]["ClusterFormerLMTask"]["centroid_refresh"]["banks"]
+    assert banks["checkpoint_best.pt"] is None and len(banks["checkpoint_last.pt"]) == 2
+
+
+def test_an_old_qa_model_predicts_as_before(tmp_path):
+    pred = tmp_path / "valid.pred.json"
+    out = run_ok(
+        "fairseq-clusterformer-qa-predict", OLD / "qa" / "bin", "--path", OLD / "qa" / "checkpoint.pt", "--split",
+        "valid", "--output", pred, "--cpu",
+    )  # fmt: skip
+    assert json.loads(pred.read_text()) == json.loads((OLD / "qa" / "valid.pred.json").read_text())
+    scores = re.search(r'\{"exact_match": [^}]*\}', out)
+    assert scores and json.loads(scores.group(0)) == {"exact_match": EXPECTED["qa"]["em"], "f1": EXPECTED["qa"]["f1"]}

@@ -1,0 +1,116 @@
+"""The paired bootstrap (qa/ops/paired_bootstrap.py) on cases computed by hand, and the table b report
+(qa/scripts/table.py) on prediction files whose scores are known question by question."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval, paired_differences
+from tests.conftest import REPO
+
+
+def test_the_interval_of_identical_systems_is_zero():
+    assert bootstrap_interval(np.zeros(50)) == (0.0, 0.0)
+    assert bootstrap_interval(np.full(7, 3.0)) == (3.0, 3.0)
+
+
+@pytest.mark.parametrize(
+    "values, level, expected",
+    [
+        # two questions: a resample's mean is 0, 1/2 or 1 with chances 1/4, 1/2, 1/4: both tails lie on the extremes
+        ([0.0, 1.0], 0.95, (0.0, 1.0)),
+        # [0, 0, 3]: the mean is the number of 3s drawn, Binomial(3, 1/3): P(<= 2) = 26/27 = 0.963, so the 97.5 %
+        # quantile is 3 and the 95 % one is 2; P(0) = 8/27 > 0.05, so the low quantiles are 0
+        ([0.0, 0.0, 3.0], 0.95, (0.0, 3.0)),
+        ([0.0, 0.0, 3.0], 0.90, (0.0, 2.0)),
+    ],
+)
+def test_the_interval_on_cases_computed_by_hand(values, level, expected):
+    assert bootstrap_interval(np.array(values), resamples=20_000, seed=3, level=level) == expected
+
+
+def test_the_interval_holds_the_mean_and_is_reproducible():
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        values = rng.normal(1.0, 5.0, size=300)
+        low, high = bootstrap_interval(values, resamples=2000, seed=1)
+        assert low < values.mean() < high
+        # about two standard errors on either side
+        assert 0.7 < (high - low) / (2 * 1.96 * values.std() / np.sqrt(values.size)) < 1.3
+        assert bootstrap_interval(values, resamples=2000, seed=1) == (low, high)
+
+
+def test_paired_differences_average_each_questions_difference_over_the_seeds():
+    scores = np.array([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])  # seeds x questions
+    baseline = np.array([[0.0, 0.0, 1.0], [1.0, 0.0, 1.0]])
+    assert paired_differences(scores, baseline).tolist() == [0.5, 0.5, -0.5]
+    with pytest.raises(ValueError, match="equal S x Q"):
+        paired_differences(scores, baseline[:1])
+
+
+QUESTIONS = ["q1", "q2", "q3", "q4"]
+CORRECT = {  # (kind, seed) -> questions answered right; the others get an answer sharing no word with the gold
+    ("none", 1): {"q1"},
+    ("none", 2): {"q1", "q2"},
+    ("cluster", 1): {"q1", "q3"},
+    ("cluster", 2): {"q1", "q2", "q3"},
+}
+
+
+def squad_file(path):
+    """Article 0 (training, not scored) and article 1 with the four held-out questions."""
+    qas = [
+        {"id": q, "question": f"what {q}?", "answers": [{"text": f"gold {q}", "answer_start": 0}]} for q in QUESTIONS
+    ]
+    articles = [{"title": "train", "paragraphs": [{"context": "x", "qas": []}]},
+                {"title": "held out", "paragraphs": [{"context": "gold", "qas": qas}]}]  # fmt: skip
+    path.write_text(json.dumps({"version": "1.1", "data": articles}))
+    return path
+
+
+def write_runs(root, em_of=None):
+    for (kind, seed), right in CORRECT.items():
+        run = root / f"article_{kind}_seed{seed}"
+        run.mkdir(parents=True)
+        predictions = {q: f"gold {q}" if q in right else "zzz" for q in QUESTIONS}
+        (run / "valid.pred.json").write_text(json.dumps(predictions))
+        em = 100 * len(right) / len(QUESTIONS) if em_of is None else em_of
+        summary = {"settings": {"kind": kind, "seed": seed}, "exact_match": em, "f1": em, "device": "test"}
+        (run / "summary.json").write_text(json.dumps(summary))
+    layer = {"layer": "5", "questions": 4, "outside_window_share": 0.6, "outside_window_paragraph_share": 0.3,
+             "outside_window_uniform_share": 0.2, "paragraph_share": 0.35, "uniform_share": 0.2}  # fmt: skip
+    reach = {"rows": [{"layer": "sliding window", "paragraph_share": 0.4}, layer]}
+    (root / "article_cluster_seed1" / "reach.json").write_text(json.dumps(reach))
+
+
+def qa_table(*args):
+    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+def test_the_report_gives_each_kind_its_seeds_and_the_paired_interval(tmp_path):
+    write_runs(tmp_path / "runs")
+    squad = squad_file(tmp_path / "squad.json")
+    proc = qa_table("--results", tmp_path / "runs", "--squad", squad, "--held-out-from", "1",
+                    "--markdown", tmp_path / "b.md", "--json", tmp_path / "b.json")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = (tmp_path / "b.md").read_text().splitlines()
+    assert "| b. whole articles, sliding windows only (`none`), seeds 1 / 2 | 25.00 / 50.00 (37.50 ± 12.50) | " in (
+        "\n".join(lines)
+    )
+    # per question, cluster - none averaged over the seeds: q3 +100 (both seeds), the others 0: mean +25; a
+    # resample's mean is 25 x (the q3 draws), Binomial(4, 1/4): P(<= 2) = 0.949 < 0.975 <= P(<= 3)
+    assert "| `cluster` | 1 / 2 | +25.00 [+0.00, +75.00] | +25.00 [+0.00, +75.00] |" in lines
+    assert "| article_cluster_seed1 | 5 | 4 | 0.600 | 0.300 | 0.200 | 0.400 |" in lines
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["questions"] == 4 and report["paired"]["cluster"]["exact_match"]["mean"] == 25.0
+    assert report["kinds"]["article"]["cluster"]["exact_match"] == [50.0, 75.0]
+
+
+def test_a_run_scored_on_other_questions_is_refused(tmp_path):
+    write_runs(tmp_path / "runs", em_of=30.0)
+    proc = qa_table("--results", tmp_path / "runs", "--squad", squad_file(tmp_path / "s.json"), "--held-out-from", 1)
+    assert proc.returncode == 1 and "summary.json: exact_match 30.0000, but" in proc.stderr
