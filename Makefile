@@ -48,7 +48,7 @@ $(VENV)/.installed: setup.py Makefile
 demo: venv ## train a tiny Cluster-Former LM on the committed WikiText-2 slice and print its perplexity
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/demo.sh
 
-# On a CUDA machine: writes benchmarks/results/gpu/ (about 40 minutes on one H100). On a CPU every part runs at tiny
+# On a CUDA machine: writes benchmarks/results/gpu/ (about 55 minutes on one H100). On a CPU every part runs at tiny
 # sizes into a temporary directory, or GPU_CHECK_OUT; benchmarks/gpu_check/README.md says what it measures.
 GPU_CHECK_OUT ?=
 GPU_CHECK_ARGS ?=

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 
-PARTS = ["tests", "train", "kmeans", "layers", "generation"]
+PARTS = ["tests", "train", "kmeans", "layers", "generation", "model"]
 COMMITTED = REPO / "benchmarks" / "results" / "gpu"
 DEVICE_RUN = REPO / "benchmarks" / "gpu_check" / "device_run.sh"
 VENV = Path(sys.executable).parent.parent  # the environment running the tests, passed to make as VENV
@@ -86,10 +86,26 @@ def test_each_part_recorded_its_figures(gpu_check):
     assert any(s["swap_delay"] > 0 and "stall_max_step_s" in s for s in kmeans["stall"])
     layers, markdown = read(out, "layers")
     for kind in ["window", "cluster-strict", "cluster-paper", "cluster-strict next values", "sdpa-band"]:
-        timed = [c for c in layers["cases"] if c["kind"] == kind and "median_s" in c]
+        timed = [c for c in layers["cases"] if c["kind"] == kind and c["variant"] == "eager" and "median_s" in c]
         assert len(timed) == len(layers["shape"]["lengths"]), kind
     assert layers["references_vs_sdpa_band_max_abs"]["flex-window"] < 1e-4
     assert "flash-window" in markdown
+    # the compiled variant runs its code path on the CPU (through aot_eager) and agrees with eager; flex is GPU-only
+    compiled = [c for c in layers["cases"] if c["variant"] == "compiled" and "median_s" in c]
+    assert {c["kind"] for c in compiled} == {"window", "cluster-strict"}
+    assert all(max(c["vs_eager"].values()) < 1e-3 for c in compiled)
+    assert all(c["skipped"].startswith("FlexAttention") for c in layers["cases"] if c["variant"] == "flex")
+    model, markdown = read(out, "model")
+    lengths = model["settings"]["lengths"]
+    timed = [(c["model"], c["variant"], c["length"]) for c in model["cases"] if c.get("tokens_per_s", 0) > 0]
+    for name, variant in [
+        ("cluster", "eager"),
+        ("cluster", "compiled"),
+        ("window", "eager"),
+        ("transformer_lm", "eager"),
+    ]:
+        assert [t for m, v, t in timed if (m, v) == (name, variant)] == lengths, (name, variant)
+    assert "sliding-window-only twin" in markdown
     generation, _ = read(out, "generation")
     assert {r["model"] for r in generation["records"]} == {"cluster", "transformer_lm"}
 
@@ -129,9 +145,15 @@ def test_the_budget_run_fits_the_device_call_and_a_long_budget_keeps_the_full_si
     modules = {part: benchmark_module(f"gpu_check.part_{part}") for part in PARTS}
     gpu = driver.torch.device("cuda")  # only compared, never used: no GPU needed
     minutes = float(re.search(r"GPU_BUDGET_MINUTES:-([\d.]+)", DEVICE_RUN.read_text()).group(1))
-    # what device_run.sh passes: the cut-down sizes run, and their estimates leave a margin inside the budget
+    # what device_run.sh passes: the cut-down sizes run; each of the two calls its header names fits with a margin
+    # inside the budget, and together they run every part
     assert driver.choose_size(driver.parse_args(["--budget-minutes", str(minutes)]), gpu, modules) == "budget"
-    assert driver.estimate(modules, "budget") <= 0.95 * 60 * minutes
+    calls = re.findall(r'GPU_CHECK_ARGS="--parts ([a-z,]+)" bash', DEVICE_RUN.read_text())
+    assert len(calls) == 2 and sorted(p for call in calls for p in call.split(",")) == sorted(PARTS)
+    for call in calls:
+        chosen = {part: modules[part] for part in call.split(",")}
+        assert driver.choose_size(driver.parse_args(["--budget-minutes", str(minutes)]), gpu, chosen) == "budget"
+        assert driver.estimate(chosen, "budget") <= 0.95 * 60 * minutes, call
     assert driver.estimate(modules, "budget") < driver.estimate(modules, "full")
     assert driver.choose_size(driver.parse_args(["--budget-minutes", "60"]), gpu, modules) == "full"
     assert driver.choose_size(driver.parse_args([]), gpu, modules) == "full"
@@ -157,7 +179,7 @@ def test_a_spent_budget_skips_every_part_without_failing(tmp_path):
     for part, record in summary["parts"].items():
         assert record["status"] == "skipped" and record["headline"].startswith("skipped: budget"), part
         assert json.loads((out / f"{part}.json").read_text())["status"] == "skipped"
-    assert "0 of 5 parts ok, 5 skipped" in proc.stdout
+    assert "0 of 6 parts ok, 6 skipped" in proc.stdout
 
 
 def test_device_run_is_one_short_command_and_packs_its_results(tmp_path):

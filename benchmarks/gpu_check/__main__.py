@@ -1,6 +1,6 @@
 """`make gpu-check`: every check a GPU should pass and every figure it should give, in one command.
 
-On a CUDA machine (about 40 minutes on one H100) it writes Markdown + JSON per part into ``--out`` (default
+On a CUDA machine (about 55 minutes on one H100) it writes Markdown + JSON per part into ``--out`` (default
 ``benchmarks/results/gpu/``), each file naming the GPU and its driver:
 
 1. ``tests``: the device-independent tests (those taking the ``device`` fixture) with ``pytest --device cuda``;
@@ -10,7 +10,9 @@ On a CUDA machine (about 40 minutes on one H100) it writes Markdown + JSON per p
 3. ``kmeans``: a 100k x 512 -> 512 refresh with faiss-gpu and torch, and the training stall of a refresh;
 4. ``layers``: one layer's forward+backward time and peak memory at T = 3k, 12k, 32k against the best
    sliding-window attention of the GPU (SDPA with a band mask, FlexAttention, FlashAttention);
-5. ``generation``: generated tokens/s at 8k against ``transformer_lm``.
+5. ``generation``: generated tokens/s at 8k against ``transformer_lm``;
+6. ``model``: training tokens/s of the 16-layer WikiText-103 LM, Cluster-Former against its sliding-window twin and
+   full attention, eager, compiled and with FlexAttention.
 
 On a CPU the same parts run at tiny sizes (a few minutes; the test suite runs it) into a scratch directory. A part
 that fails records its error and the others still run; the exit status is 1 if any part failed.
@@ -46,7 +48,7 @@ import torch  # noqa: E402
 from gpu_check.common import Context, machine, machine_line, write_part  # noqa: E402
 
 # imported when run, so that a part that does not even import is that part's error, not the whole run's
-PARTS = {name: f"gpu_check.part_{name}" for name in ("tests", "train", "kmeans", "layers", "generation")}
+PARTS = {name: f"gpu_check.part_{name}" for name in ("tests", "train", "kmeans", "layers", "generation", "model")}
 COMMITTED = BENCHMARKS / "results" / "gpu"
 
 

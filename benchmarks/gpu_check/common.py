@@ -132,6 +132,18 @@ def time_step(step, device: torch.device, warmup: int, repeats: int) -> list[flo
     return times
 
 
+def peak_bytes(step, device: torch.device) -> int | None:
+    """Peak device memory of one ``step()`` above what was allocated before it (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
 def run_tool(args: list, log: Path, timeout: float, env: dict | None = None) -> tuple[int, str]:
     """Run a console script of this environment (fairseq-train, ...) or ``python``; output to ``log`` and back."""
     tool = sys.executable if args[0] == "python" else console_script(args[0])

@@ -3,6 +3,11 @@
 #
 #   device tool: run(command="bash benchmarks/gpu_check/device_run.sh", carry=[".gpu-bundle"], timeout_s=600)
 #
+# All six parts do not fit one call's budget: a lent session runs one of these two (GPU_CHECK_ARGS before the command),
+# the check's validation and its speed figures (issue 35); a plain call runs the parts in order and skips the rest.
+#   GPU_CHECK_ARGS="--parts tests,train,kmeans,generation" bash benchmarks/gpu_check/device_run.sh
+#   GPU_CHECK_ARGS="--parts layers,model" bash benchmarks/gpu_check/device_run.sh
+#
 # First `make gpu-bundle` here (the wheels that machine lacks). There it installs the bundle into /tmp/site, prints
 # nvidia-smi, runs the driver with --budget-minutes (parts that no longer fit are recorded as skipped), and packs
 # every result and log into $OUT/gpu-check.tgz, with $OUT/summary.md beside it (files back: at most 8). A failing

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.layers.compiled import compilable
+from fairseq_clusterformer.layers.flex import flex_band_forward, flex_windows_forward
 from fairseq_clusterformer.layers.settings import LayerSettings, check_long_range
 from fairseq_clusterformer.layers.windowed import StepCache, WindowedTransformerLayer
 from fairseq_clusterformer.ops.cluster_groups import band_group_ids, cluster_to_group, uniform_shares
@@ -113,16 +115,27 @@ class SortedWindowLayer(WindowedTransformerLayer):
         """Called with every forward's input and ids before the sort (the cluster layer fills its bank here)."""
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        ids = self.group_ids(x, padding_mask)  # B x T
+        out, ids = self.attend(x, padding_mask)
         self.observe(x, padding_mask, ids)
+        return out
+
+    @compilable
+    def attend(self, x: Tensor, padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The layer's output (B x T x C) and group ids (B x T): all of ``forward`` but ``observe``, a pure function
+        of its inputs, which ``--compile-layers`` compiles whole."""
+        ids = self.group_ids(x, padding_mask)  # B x T
         if self.band:
             groups = self.band_groups(ids, padding_mask)  # n x B x T
             sorted_groups, orders = stable_sort(groups.flatten(0, 1))  # (n*B) x T each: one sort for every set
             orders, sorted_groups = orders.view_as(groups), sorted_groups.view_as(groups)  # n x B x T each
-            return self.run_band(x, padding_mask, orders, sorted_groups, next_values=self.values == "next")
+            if self.attention_backend == "flex":
+                return flex_band_forward(self, x, padding_mask, orders, sorted_groups), ids
+            return self.run_band(x, padding_mask, orders, sorted_groups, next_values=self.values == "next"), ids
         sorted_ids, order = stable_sort(ids)  # B x T each
+        if self.attention_backend == "flex":
+            return flex_windows_forward(self, x, padding_mask, order), ids
         scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1))
-        return self.run_windows(x, scheme, padding_mask, order=order)
+        return self.run_windows(x, scheme, padding_mask, order=order), ids
 
 
 class NeighbourGroupLayer(SortedWindowLayer):

@@ -17,6 +17,8 @@ from fairseq import utils
 from fairseq.modules import LayerNorm
 from torch import Tensor, nn
 
+from fairseq_clusterformer.layers.compiled import compilable
+from fairseq_clusterformer.layers.flex import flex_sliding_forward
 from fairseq_clusterformer.layers.settings import SLIDING_WINDOW_CHOICES, WINDOW_MERGE_CHOICES, LayerSettings
 from fairseq_clusterformer.ops.attention import masked_attention, next_value_attention
 from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation
@@ -54,6 +56,10 @@ class SelfAttentionProjections(nn.Module):
 
 
 class WindowedTransformerLayer(nn.Module):
+    # --compile-layers and --attention-backend (``compiled_layers.configure_layers`` sets them on a model's layers)
+    compile_mode = "off"
+    attention_backend = "eager"
+
     def __init__(self, settings: LayerSettings) -> None:
         super().__init__()
         self.settings = settings
@@ -238,7 +244,10 @@ class SlidingWindowLayer(WindowedTransformerLayer):
     """Paper section 3.1: a transformer layer on overlapping windows, overlaps averaged; or, with
     ``--sliding-windows band``, on the band of every token's ``l - 1`` predecessors (nothing to average)."""
 
+    @compilable
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        if self.attention_backend == "flex":
+            return flex_sliding_forward(self, x, padding_mask)
         if self.settings.sliding_windows == "band":
             # the band of the unsorted sequence, every token in group 0: no sort, no gather
             groups = torch.zeros(1, *x.shape[:2], dtype=torch.long, device=x.device)  # 1 x B x T

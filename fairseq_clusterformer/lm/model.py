@@ -19,6 +19,8 @@ from fairseq.utils import safe_getattr
 
 from fairseq_clusterformer.checkpoints.dictionary import check_dictionary, dictionary_file, record_dictionary
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
+from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, configure_layers
+from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     CAUSALITY_CHOICES,
     LONG_RANGE_CHOICES,
@@ -95,6 +97,20 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
             "help": "strict causality: groups of neighbouring clusters (balanced by the memory bank's cluster "
             "populations) that a token draws its --window-size - 1 keys from; 0 = --tokens-per-sample / "
             "(2 x --window-size), at most --num-clusters"
+        },
+    )
+    compile_layers: ChoiceEnum(COMPILE_CHOICES) = field(
+        default="off",
+        metadata={
+            "help": "run every windowed and long-range layer's forward through torch.compile(fullgraph=True) ('auto': "
+            "on CUDA only); the cached one-token generation step stays eager. See docs/gpu_speed.md"
+        },
+    )
+    attention_backend: ChoiceEnum(ATTENTION_BACKENDS) = field(
+        default="eager",
+        metadata={
+            "help": "'flex': the layers' attention as one FlexAttention call (CUDA for training; no attention "
+            "dropout); 'eager': scaled_dot_product_attention on windows. See docs/gpu_speed.md"
         },
     )
 
@@ -219,6 +235,11 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
             embed_tokens,
         )
         model = cls(decoder)
+        configure_layers(
+            model.modules(),
+            str(safe_getattr(args, "compile_layers", "off")),
+            str(safe_getattr(args, "attention_backend", "eager")),
+        )
         record_dictionary(model, dictionary, dictionary_file(task))
         model.register_load_state_dict_post_hook(check_centroids_loaded)
         return model

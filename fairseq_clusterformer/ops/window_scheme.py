@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from fairseq_clusterformer.ops.masks import band_mask, window_mask
+from fairseq_clusterformer.ops.tracing import is_compiling
 from fairseq_clusterformer.ops.windows import (
     band_key_windows,
     merge_windows,
@@ -62,6 +63,10 @@ class WindowScheme:
 
     @property
     def count(self) -> int:
+        if self.band and is_compiling():
+            # compiled with a symbolic T (``--compile-layers``), always one pad slot or more: with none when T is a
+            # multiple of the stride, those T and the others would each need a graph; the extra slots are pads
+            return self.length // self.stride + 1
         return num_windows(self.length, self.stride)
 
     @property
@@ -90,8 +95,10 @@ class WindowScheme:
 
     def slot_positions(self, positions: Tensor) -> Tensor:
         """Extend B x T positions over the padded slots with unique values >= T (never equal to a real one)."""
-        extra = torch.arange(self.length, self.padded, device=positions.device).expand(positions.size(0), -1)
-        return torch.cat([positions, extra], dim=1)  # B x Tp
+        # no tensor of the T..Tp-1 slots alone: compiled with a symbolic T, its size could be zero, and a graph that
+        # allows a zero size is not the one for the others (two graphs instead of one)
+        slots = torch.arange(self.padded, device=positions.device).expand(positions.size(0), -1)  # B x Tp
+        return torch.where(slots < self.length, pad_to(positions, self.padded), slots)  # B x Tp
 
     def mask(
         self,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.ops.tracing import is_compiling
+
 
 def num_windows(length: int, stride: int) -> int:
     """Number of windows K for a sequence of ``length`` tokens: one per stride start below ``length``."""
@@ -38,6 +40,10 @@ def window_index(length: int, size: int, stride: int, device: torch.device | Non
 def pad_to(x: Tensor, length: int, value: float | int | bool = 0) -> Tensor:
     """Right-pad dimension 1 of ``x`` (B x T x ...) to ``length``."""
     extra = length - x.size(1)
+    if is_compiling():
+        # compiled (``--compile-layers``) the length is symbolic: a branch on ``extra``, or an empty filler, would make
+        # one graph for the lengths that are multiples of the stride and one for the others; ``pad`` makes one
+        return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, extra), value=value)
     if extra <= 0:
         return x
     filler = x.new_full((x.size(0), extra, *x.shape[2:]), value)
@@ -78,7 +84,11 @@ def merge_windows(windows: Tensor, length: int, size: int, stride: int) -> Tenso
     index = window_index(length, size, stride, windows.device).reshape(-1)  # K*l
     total = windows.new_zeros(bsz, padded_length(length, size, stride), channels)
     total.index_add_(1, index, windows.reshape(bsz, k * size, channels))  # B x Tp x C
-    return total[:, :length] / coverage(length, size, stride, windows.device, windows.dtype)[None, :, None]
+    # the coverage of K*m positions, a multiple of the stride, cut to T: the same values (a position's coverage does
+    # not depend on T), but compiled by torch 2.13's Inductor for the CPU over a T that is not a multiple of the
+    # stride, the training graph's loop left the last T mod m positions unwritten
+    covered = coverage(k * stride, size, stride, windows.device, windows.dtype)[:length]  # T
+    return total[:, :length] / covered[None, :, None]
 
 
 def coverage(length: int, size: int, stride: int, device: torch.device | None, dtype: torch.dtype) -> Tensor:

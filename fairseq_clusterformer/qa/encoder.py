@@ -29,6 +29,7 @@ from fairseq.utils import safe_getattr
 from torch import Tensor, nn
 
 from fairseq_clusterformer.layers.build import build_layer
+from fairseq_clusterformer.layers.compiled import compilable
 from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from fairseq_clusterformer.qa.ops.windows import (
@@ -48,6 +49,17 @@ class QAEncoderOut:
     context: Tensor  # B x T x C, merged context states
     question_valid: Tensor  # B x K x Q, False at pads and in windows that hold none of the example's context
     layout: QALayout
+
+
+@compilable
+def qa_window_pass(
+    layer: SlidingWindowLayer, x: Tensor, padding_mask: Tensor, question_len: int, context_len: int, first: bool
+) -> Tensor:
+    """One sliding-window layer on every question + context window: x is B x (K*W) x C already cut into windows
+    (``first``) or the flat B x S x C sequence; returns B x S x C. The layout is rebuilt from its lengths here, so that
+    ``--compile-layers`` compiles it with the lengths symbolic after the first one."""
+    layout = QALayout(question_len, context_len, layer.settings.window_size, layer.settings.window_stride)
+    return layer.run_windows(x, QAInputWindows(layout) if first else QAWindows(layout), padding_mask)
 
 
 class ClusterFormerQAEncoder(TransformerEncoder):
@@ -102,10 +114,10 @@ class ClusterFormerQAEncoder(TransformerEncoder):
         window_pad = tokens.eq(self.padding_idx).flatten(1)  # B x K*W
         flat_pad = flat.eq(self.padding_idx)  # B x S
         first, *rest = self.layers
-        x = first.run_windows(x, QAInputWindows(layout), window_pad)  # B x S x C
+        x = qa_window_pass(first, x, window_pad, layout.question_len, layout.context_len, True)  # B x S x C
         for layer in rest:
             if isinstance(layer, SlidingWindowLayer):
-                x = layer.run_windows(x, QAWindows(layout), flat_pad)
+                x = qa_window_pass(layer, x, flat_pad, layout.question_len, layout.context_len, False)
             else:
                 x = layer(x, flat_pad)  # long-range layers: all question copies and the context at once
         if self.layer_norm is not None:

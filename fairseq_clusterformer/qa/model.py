@@ -25,6 +25,8 @@ from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
+from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, configure_layers
+from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     LONG_RANGE_CHOICES,
     WINDOW_MERGE_CHOICES,
@@ -111,6 +113,14 @@ class ClusterFormerQAModel(RobertaModel):
         parser.add_argument("--long-range-layer", choices=LONG_RANGE_CHOICES, help="what the long-range layers run")
         parser.add_argument("--num-clusters", type=int, help="clusters (or LSH buckets) per long-range layer")
         parser.add_argument("--window-merge", choices=WINDOW_MERGE_CHOICES, help="what overlapping windows average")
+        parser.add_argument(
+            "--compile-layers", choices=COMPILE_CHOICES, help="torch.compile the layers' forward (docs/gpu_speed.md)"
+        )
+        parser.add_argument(
+            "--attention-backend",
+            choices=ATTENTION_BACKENDS,
+            help="'flex': FlexAttention in the long-range layers (CUDA for training; docs/gpu_speed.md)",
+        )
         parser.add_argument("--roberta-path", type=str, help="pretrained fairseq RoBERTa: model.pt or its directory")
         parser.add_argument("--roberta-dict", type=str, help="the pretrained dict.txt (default: beside the checkpoint)")
         parser.add_argument("--layer-norm-eps", type=float, help="epsilon of every layer norm (BERT: 1e-12)")
@@ -143,6 +153,7 @@ class ClusterFormerQAModel(RobertaModel):
             )
         encoder = ClusterFormerQARobertaEncoder(args, task.source_dictionary)
         model = cls(args, encoder, answer_types=task.answer_types)
+        configure_layers(model.modules(), args.compile_layers, args.attention_backend)
         if safe_getattr(args, "roberta_path", None):
             model.load_roberta(args.roberta_path, args.roberta_dict)
         model.register_load_state_dict_post_hook(check_centroids_loaded)
@@ -210,6 +221,8 @@ def _window_defaults(
         max_positions=positions,
         roberta_path=None,
         roberta_dict=None,
+        compile_layers="off",
+        attention_backend="eager",
     )
 
 
