@@ -6,10 +6,11 @@ launches cost (``benchmarks/ops_per_layer.py``). Compiled, the same layer is a f
 
 What is compiled: the methods decorated with ``compilable`` (the sliding-window layer's ``forward``, the sorted-window
 layers' ``attend`` - everything but ``observe``, which keeps the cluster-size entropy for the logs - and the QA
-encoder's window pass; the memory banks watch the layers through forward pre-hooks, which run outside it). They are compiled as plain functions of the layer, not by wrapping the module, so the
-layers' parameter names, ``state_dict``, pickling and ``copy.deepcopy`` are those of the eager model. Layers of one
-class share one compiled graph (dynamo treats the module as an input: its parameters are graph inputs, its settings
-guards). The cached one-token generation step (``forward_step``) stays eager: it is a different, tiny graph per step.
+encoder's window pass; the memory banks watch the layers through forward pre-hooks, which run outside it). They are
+compiled as plain functions of the layer, not by wrapping the module, so the layers' parameter names, ``state_dict``,
+pickling and ``copy.deepcopy`` are those of the eager model. Layers of one class share one compiled graph (dynamo treats
+the module as an input: its parameters are graph inputs, its settings guards). The cached one-token generation step
+(``forward_step``) stays eager: it is a different, tiny graph per step.
 
 Lengths: torch's automatic dynamic shapes. The first call compiles for its exact sizes (a training run with a fixed
 ``--tokens-per-sample`` compiles once); a call with another length recompiles with the length symbolic, one with
