@@ -36,7 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 HERE = Path(__file__).resolve()
 KINDS = {"window": ("window", "own"), "cluster-strict": ("cluster-strict", "own")}
 KINDS.update({"cluster-paper": ("cluster-paper", "own"), "cluster-strict next values": ("cluster-strict", "next")})
-TARGET_COMPILED = 60  # issue 35: compiled kernels per Cluster-Former layer forward+backward
+TARGET_COMPILED = 60  # the target: compiled kernels per Cluster-Former layer forward+backward
 # a call in Inductor's generated wrapper that runs work: a fused kernel, a library call, an ATen fallback
 KERNEL_CALL = re.compile(r"\b(cpp_fused_\w+|triton_\w+\.run|extern_kernels\.\w+|aten\.\w+(?:\.\w+)?)\(")
 
@@ -135,7 +135,7 @@ def render(records: list[dict], info: dict, args) -> str:
         + "\n\nSeconds to compile one forward + backward (after ``torch._dynamo.reset()``; the latest run started with "
         "an empty ``TORCHINDUCTOR_CACHE_DIR``, and later cases reuse the kernels earlier ones built; the machine "
         f"shared with other jobs): {compile_s}."
-        + f"\n\nTarget (issue 35): compiled kernels per Cluster-Former (strict) layer forward+backward <= "
+        + f"\n\nTarget: compiled kernels per Cluster-Former (strict) layer forward+backward <= "
         f"{TARGET_COMPILED}: **{verdict}** (largest: {max(cluster) if cluster else 'n/a'}).\n"
     )
 

@@ -4,7 +4,7 @@
 #   device tool: run(command="bash benchmarks/gpu_check/device_run.sh", carry=[".gpu-bundle"], timeout_s=600)
 #
 # All six parts do not fit one call's budget: a lent session runs one of these two (GPU_CHECK_ARGS before the command),
-# the check's validation and its speed figures (issue 35); a plain call runs the parts in order and skips the rest.
+# the check's validation and its speed figures; a plain call runs the parts in order and skips the rest.
 #   GPU_CHECK_ARGS="--parts tests,train,kmeans,generation" bash benchmarks/gpu_check/device_run.sh
 #   GPU_CHECK_ARGS="--parts layers,model" bash benchmarks/gpu_check/device_run.sh
 #
