@@ -70,4 +70,5 @@ tar czf "$OUT/results.tgz" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" |
 for f in report.md report.json; do [ -f "$RESULTS/$f" ] && cp "$RESULTS/$f" "$OUT/$f"; done
 cp "$RUN/device_run.log" "$OUT/device_run.log"
 ls -l "$OUT"
+rm -rf "$RUN/work"  # checkpoints and unpacked data: what mattered is in $RESULTS and $OUT now
 exit "$code"
