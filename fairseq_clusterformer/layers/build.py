@@ -6,6 +6,7 @@ from torch import nn
 
 from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.hybrid import HybridClusterFormerLayer, HybridLSHLayer, HybridSparseLayer
 from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 
@@ -14,8 +15,11 @@ def build_layer(index: int, settings: LayerSettings, plan: LongRangePlan) -> nn.
     """Layer number ``index`` (1-based) of a model with ``plan`` (checked when it was made)."""
     if index not in plan.layers or plan.kind == "none":
         return SlidingWindowLayer(settings)
+    hybrid = plan.mode == "hybrid"
     if plan.kind == "cluster":
-        return ClusterFormerLayer(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values)
+        cluster = HybridClusterFormerLayer if hybrid else ClusterFormerLayer
+        return cluster(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values)
     if plan.kind == "lsh":
-        return LSHLayer(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values)
-    return StridedSparseLayer(settings, plan.causality, plan.values)
+        lsh = HybridLSHLayer if hybrid else LSHLayer
+        return lsh(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values)
+    return (HybridSparseLayer if hybrid else StridedSparseLayer)(settings, plan.causality, plan.values)

@@ -17,6 +17,9 @@ LONG_RANGE_CHOICES = ("cluster", "lsh", "sparse", "none")
 CAUSALITY_CHOICES = ("strict", "paper")
 # what a long-range key's value is: its own state's ("own", the paper), or the state of the token after it ("next")
 LONG_RANGE_VALUE_CHOICES = ("own", "next")
+# what a long-range layer does with the pretrained layer's sliding window: "replace" it (the paper), or keep it and
+# add the long-range attention beside it through a gate that starts at zero ("hybrid", ``layers.hybrid``)
+LONG_RANGE_MODE_CHOICES = ("replace", "hybrid")
 
 
 def check_choice(flag: str, value: str, choices: Sequence[str]) -> None:
@@ -111,9 +114,16 @@ class LongRangePlan:
     # strict causality: groups of neighbouring clusters (or LSH buckets) a token's keys come from
     band_groups: int = 1
     values: str = "own"
+    mode: str = "replace"
 
     def __post_init__(self) -> None:
         check_long_range(self.kind, self.num_clusters, self.causality, self.band_groups, self.values)
+        check_choice("--long-range-mode", self.mode, LONG_RANGE_MODE_CHOICES)
+        if self.mode == "hybrid" and self.kind == "none":
+            raise ValueError(
+                "--long-range-mode hybrid adds a long-range attention beside the sliding window: it needs "
+                "--long-range-layer cluster, lsh or sparse, got --long-range-layer none"
+            )
         if not self.layers and self.kind != "none":
             raise ValueError(
                 f"--long-range-layers is empty, so no layer would run --long-range-layer {self.kind}: name the "
@@ -157,6 +167,7 @@ def settings_by_flag(settings: LayerSettings, plan: LongRangePlan, role: str) ->
         values["--long-range-layers"] = ",".join(map(str, sorted(plan.layers)))
         values["--cluster-causality"] = plan.causality
         values["--long-range-values"] = plan.values
+        values["--long-range-mode"] = plan.mode
     if plan.kind in ("cluster", "lsh"):  # the sparse pattern has no clusters or groups
         values["--num-clusters"] = plan.num_clusters
         values["--cluster-groups"] = plan.band_groups

@@ -24,6 +24,7 @@ from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     CAUSALITY_CHOICES,
     LONG_RANGE_CHOICES,
+    LONG_RANGE_MODE_CHOICES,
     LONG_RANGE_VALUE_CHOICES,
     SLIDING_WINDOW_CHOICES,
     WINDOW_MERGE_CHOICES,
@@ -91,6 +92,13 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
             "resemble it (an induction step across clusters)"
         },
     )
+    long_range_mode: ChoiceEnum(LONG_RANGE_MODE_CHOICES) = field(
+        default="replace",
+        metadata={
+            "help": "'replace' (the paper): the long-range layer replaces the sliding window; 'hybrid' keeps it and "
+            "adds the long-range attention through a gate (the QA encoder only: the language model refuses it)"
+        },
+    )
     cluster_groups: int = field(
         default=0,
         metadata={
@@ -134,6 +142,12 @@ def _reject_unsupported(args) -> None:
     for name, flag in unsupported.items():
         if safe_getattr(args, name, None):
             raise ValueError(f"{flag} is not supported by the clusterformer_lm model")
+    if str(safe_getattr(args, "long_range_mode", "replace")) != "replace":
+        raise ValueError(
+            "--long-range-mode hybrid is built for the QA encoder (clusterformer_qa) only: the language model's causal "
+            "long-range layers (strict head sets, the generation cache) have no hybrid form; use --long-range-mode "
+            "replace"
+        )
 
 
 def layer_settings(args) -> LayerSettings:
@@ -185,6 +199,7 @@ def long_range_plan(args) -> LongRangePlan:
         causality=args.cluster_causality,
         band_groups=band_groups(args),
         values=str(safe_getattr(args, "long_range_values", "own")),
+        mode=str(safe_getattr(args, "long_range_mode", "replace")),
     )
 
 

@@ -7,7 +7,9 @@ fairseq's TransformerEncoder keeps its embeddings (token, learned positions, emb
 parameter names, so a RoBERTa checkpoint loads unchanged; its layers are replaced by windowed ones:
 sliding-window layers on ``[<s> question </s></s> context-window]`` windows (the context ends in ``</s>``) and, at
 the long-range positions, the layer that ``build_layer`` makes (Cluster-Former, LSH, sparse) on the flat eq.-3
-sequence of every window's question copy plus the merged context.
+sequence of every window's question copy plus the merged context. A hybrid long-range layer (``--long-range-mode
+hybrid``, ``layers.hybrid``) runs on that flat sequence too, and is handed the question + context windows for the
+sliding-window attention it keeps.
 
 Token types (``--type-vocab-size``, an imported BERT's 2; 0 for fairseq's RoBERTa, which has none): the encoder
 derives them from the layout, as BertForQuestionAnswering's sentence pairs have them: every position of a window's
@@ -30,6 +32,7 @@ from torch import Tensor, nn
 
 from fairseq_clusterformer.layers.build import build_layer
 from fairseq_clusterformer.layers.compiled import compilable
+from fairseq_clusterformer.layers.hybrid import HybridLongRange
 from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from fairseq_clusterformer.qa.ops.windows import (
@@ -118,6 +121,9 @@ class ClusterFormerQAEncoder(TransformerEncoder):
         for layer in rest:
             if isinstance(layer, SlidingWindowLayer):
                 x = qa_window_pass(layer, x, flat_pad, layout.question_len, layout.context_len, False)
+            elif isinstance(layer, HybridLongRange):
+                # the sliding window it keeps is the one a sliding-window layer here would run: the QA windows
+                x = layer(x, flat_pad, QAWindows(layout))
             else:
                 x = layer(x, flat_pad)  # long-range layers: all question copies and the context at once
         if self.layer_norm is not None:

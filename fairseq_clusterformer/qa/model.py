@@ -29,6 +29,7 @@ from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, configure_lay
 from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     LONG_RANGE_CHOICES,
+    LONG_RANGE_MODE_CHOICES,
     WINDOW_MERGE_CHOICES,
     LayerSettings,
     LongRangePlan,
@@ -79,6 +80,7 @@ def qa_long_range_plan(args) -> LongRangePlan:
         kind=args.long_range_layer,
         num_clusters=args.num_clusters,
         causality="paper",  # only causal layers look at it
+        mode=str(safe_getattr(args, "long_range_mode", "replace")),  # checkpoints from before the flag: replace
     )
 
 
@@ -111,6 +113,12 @@ class ClusterFormerQAModel(RobertaModel):
         parser.add_argument("--window-stride", type=int, help="window stride m (< --window-size)")
         parser.add_argument("--long-range-layers", type=str, help="comma-separated 1-based long-range layer numbers")
         parser.add_argument("--long-range-layer", choices=LONG_RANGE_CHOICES, help="what the long-range layers run")
+        parser.add_argument(
+            "--long-range-mode",
+            choices=LONG_RANGE_MODE_CHOICES,
+            help="'replace' (the paper): long-range attention instead of the sliding window; 'hybrid': the sliding "
+            "window kept, long-range attention added through a per-head gate that starts at 0 (docs/qa.md)",
+        )
         parser.add_argument("--num-clusters", type=int, help="clusters (or LSH buckets) per long-range layer")
         parser.add_argument("--window-merge", choices=WINDOW_MERGE_CHOICES, help="what overlapping windows average")
         parser.add_argument(
@@ -216,6 +224,7 @@ def _window_defaults(
         window_stride=stride,
         long_range_layers=layers,
         long_range_layer="cluster",
+        long_range_mode="replace",
         num_clusters=num_clusters,
         window_merge="layer",
         max_positions=positions,

@@ -36,6 +36,7 @@ TOKEN_TYPES_KEY = "encoder.sentence_encoder.embed_token_types.weight"
 IMPORT_INFO = "hf_import.json"  # written beside model.pt by fairseq-clusterformer-import-hf
 NEW_PREFIX = "qa_heads."  # the QA heads
 NEW_SUFFIX = ".centroids"  # the Cluster-Former layers' centroids (set by K-Means during training)
+GATE_SUFFIX = ".long_range_gate"  # a hybrid long-range layer's gate (--long-range-mode hybrid), 0 when built
 
 
 def allow_namespace_checkpoints() -> None:
@@ -158,7 +159,11 @@ def adapt_roberta_state(model: nn.Module, state: dict[str, Tensor], prefix: str,
             "set --max-positions to the pretrained model's (RoBERTa: 512)"
         )
     # only the parts RoBERTa never had: a missing layer weight must still fail the strict load
-    added = [k for k in ours if prefix + k not in state and (k.startswith(NEW_PREFIX) or k.endswith(NEW_SUFFIX))]
+    added = [
+        k
+        for k in ours
+        if prefix + k not in state and (k.startswith(NEW_PREFIX) or k.endswith((NEW_SUFFIX, GATE_SUFFIX)))
+    ]
     for key in added:
         state[prefix + key] = ours[key]
     logger.info(f"pretrained RoBERTa weights loaded; new (not pretrained): {sorted(added)}")
