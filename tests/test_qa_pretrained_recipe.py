@@ -67,6 +67,28 @@ def test_recipe_help_and_bad_input(tmp_path):
     assert "--long-range-layers 5\\,6" in lines and "paragraph_cluster_seed2/checkpoint_last.pt" in lines
 
 
+def test_recipe_expresses_the_hybrid_and_one_layer_runs_at_reduced_settings(tmp_path):
+    """The CPU comparison at reduced settings (contexts of 1,024 training tokens, 400 updates of 8 questions): a hybrid
+    run and a one-layer run are named as the device command names them, and bad values name the variable."""
+    (tmp_path / "config.json").write_text("{}")
+    reduced = dict(UPDATES="400", BATCH="8", LR="1e-4", MAX_CONTEXT_TRAIN="1024")
+    args = ("--hf", tmp_path, "--dry-run", "--out", tmp_path / "o", "--contexts", "article")
+    lines = recipe(*args, KIND="lsh", LONG_RANGE_MODE="hybrid", **reduced).stdout
+    assert "--long-range-mode hybrid" in lines and "article_lsh-hybrid_seed1/checkpoint_last.pt" in lines
+    assert "UPDATES=400 " in lines and "BATCH=8 " in lines and "MAX_CONTEXT_TRAIN=1024 " in lines
+    lines = recipe(*args, KIND="cluster", LONG_RANGE_LAYERS="6", **reduced).stdout
+    assert "--long-range-layers 6 " in lines and "--long-range-mode replace" in lines
+    assert "article_cluster-layer6_seed1/checkpoint_last.pt" in lines
+    assert "article_none_seed1/checkpoint_last.pt" in recipe(*args, **reduced).stdout
+    for env, message in [
+        (dict(LONG_RANGE_MODE="both"), "LONG_RANGE_MODE=both"),
+        (dict(LONG_RANGE_MODE="hybrid"), "KIND=none"),
+        (dict(KIND="cluster", LONG_RANGE_LAYERS="six"), "LONG_RANGE_LAYERS=six"),
+    ]:
+        proc = recipe(*args, **env)
+        assert proc.returncode == 2 and message in proc.stderr
+
+
 def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
     """fairseq's --stop-time-hours counts the hours saved in the checkpoint: passing MAX_HOURS again would stop a
     resumed run after one update. A finished run is not trained again."""

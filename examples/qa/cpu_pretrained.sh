@@ -13,13 +13,17 @@
 #   to it often sit in different windows.
 # --data DIR: holds dev-v1.1.json (default examples/data/squad, the committed official SQuAD v1.1 dev set).
 # --out DIR: everything it writes (default data-bin/qa/pretrained): encoder/ (the import, reused when there),
-#   squad_CONTEXTS/ (records and binarised data, reused when there), CONTEXTS_KIND_seedSEED/ (checkpoints, train.log,
+#   squad_CONTEXTS/ (records and binarised data, reused when there), CONTEXTS_VARIANT_seedSEED/ (VARIANT: KIND,
+#   then -hybrid for LONG_RANGE_MODE=hybrid, then -layerN-M for LONG_RANGE_LAYERS other than 5,6, as
+#   benchmarks/qa_device names them; checkpoints, train.log,
 #   valid.pred.json, eval.log, summary.json). An --out imported from another model than --hf (other weights) is
 #   refused, and so is a data or run folder made from another encoder (each records its encoder_source.json).
 # --dry-run: print the commands instead of running them.
 # --prepare-only: stop after the import and the binarised data (benchmarks/qa_device/prepare.sh uses them).
 # Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
-#   paper's placement scaled to 6 layers), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
+#   paper's placement scaled to 6 layers; 6 alone: the paper's share of converted layers), LONG_RANGE_MODE (replace:
+#   the paper's layer | hybrid: the sliding window kept, the long-range attention added through a gate that starts
+#   at 0; docs/qa.md), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
 #   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
 #   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours).
@@ -51,10 +55,21 @@ case "$CONTEXTS" in
     *) echo "$0: --contexts $CONTEXTS: expected paragraph or article" >&2; exit 2 ;;
 esac
 case "$KIND" in none|cluster|lsh|sparse) ;; *) echo "$0: KIND=$KIND: expected none, cluster, lsh or sparse" >&2; exit 2 ;; esac
+LONG_RANGE_MODE="${LONG_RANGE_MODE:-replace}" LONG_RANGE_LAYERS="${LONG_RANGE_LAYERS:-5,6}"
+case "$LONG_RANGE_MODE" in
+    replace) VARIANT="$KIND" ;;
+    hybrid) VARIANT="$KIND-hybrid" ;;
+    *) echo "$0: LONG_RANGE_MODE=$LONG_RANGE_MODE: expected replace or hybrid" >&2; exit 2 ;;
+esac
+[[ "$KIND" != none || "$LONG_RANGE_MODE" == replace ]] ||
+    { echo "$0: LONG_RANGE_MODE=hybrid needs a long-range KIND (cluster, lsh or sparse), got KIND=none" >&2; exit 2; }
+[[ "$LONG_RANGE_LAYERS" =~ ^[0-9]+(,[0-9]+)*$ ]] ||
+    { echo "$0: LONG_RANGE_LAYERS=$LONG_RANGE_LAYERS: expected layer numbers like 5,6 or 6" >&2; exit 2; }
+[[ "$KIND" == none || "$LONG_RANGE_LAYERS" == 5,6 ]] || VARIANT="$VARIANT-layer${LONG_RANGE_LAYERS//,/-}"
 SEED="${SEED:-1}" UPDATES="${UPDATES:-3000}" LR="${LR:-5e-5}" BATCH="${BATCH:-16}" MAX_QUESTION="${MAX_QUESTION:-40}"
 WARMUP="${WARMUP:-$((UPDATES / 10))}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-12000}" CLUSTERS="${CLUSTERS:-64}"
 KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MEMORY="${MEMORY:-50000}" TRAIN_ARTICLES="${TRAIN_ARTICLES:-40}"
-THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}" LONG_RANGE_LAYERS="${LONG_RANGE_LAYERS:-5,6}"
+THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}"
 here="$(cd "$(dirname "$0")" && pwd)"
 run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 log() { if ((DRY)); then cat; else tee "$@"; fi; }
@@ -96,7 +111,7 @@ fi
 ((PREPARE_ONLY)) && exit 0
 # 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path); the train log
 #    is appended to, so that a resumed run's log keeps its first part
-NAME="${CONTEXTS}_${KIND}_seed$SEED"
+NAME="${CONTEXTS}_${VARIANT}_seed$SEED"
 made_from "$OUT/$NAME"
 done_before="$(progress "$NAME")"
 read -r done_updates hours_before <<< "$done_before"
@@ -107,7 +122,7 @@ start=$SECONDS
     WINDOW="$WINDOW" STRIDE="$STRIDE" MAX_QUESTION="$MAX_QUESTION" BATCH="$BATCH" MAX_SENTENCES="$BATCH" LR="$LR" \
     WARMUP="$WARMUP" UPDATES="$UPDATES" MAX_CONTEXT_TRAIN="$MAX_CONTEXT_TRAIN" MAX_CONTEXT_EVAL="$MAX_CONTEXT_EVAL" \
     CLUSTERS="$CLUSTERS" KMEANS_INTERVAL="$KMEANS_INTERVAL" MEMORY="$MEMORY" SEED="$SEED" SAVE_DIR="$OUT/$NAME" \
-    bash "$here/train.sh" "$SQUAD/bin" --small --long-range-layers "$LONG_RANGE_LAYERS" --disable-validation \
+    bash "$here/train.sh" "$SQUAD/bin" --small --long-range-layers "$LONG_RANGE_LAYERS" --long-range-mode "$LONG_RANGE_MODE" --disable-validation \
     --stop-time-hours "$stop_hours" --log-interval 20 > >(log -a "$OUT/$NAME.train.log") 2>&1
 wait
 echo "| fine-tuning $NAME: $((SECONDS - start)) s"
