@@ -17,6 +17,9 @@ import pytest
 from tests.conftest import REPO
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
 
+sys.path.insert(0, str(REPO / "benchmarks" / "qa_device"))
+from runs import DEFAULT_KINDS, REACH_QUESTIONS, VARIANTS, Paths, Run, plan, reach_command, train_command  # noqa: E402
+
 ENV = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
 OUT_LIMITS = dict(files=8, bytes=16 * 2**20, depth=2)  # the device tool's: files back from $OUT
 
@@ -82,19 +85,33 @@ def test_the_device_call_dry_run_trains_scores_reports_and_resumes(payload):
     assert re.search(r"\| `cluster` \| 1 \| [+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\] \|", report)
     assert "| article_cluster_seed1 | 5 | " in report and "| article_cluster_seed1 | 6 | " in report
 
-    # call 2, on what call 1 left (as a later session commits it): its runs are not trained again
-    proc = device_call(data, root / "payload", root / "results", root / "out2", "--seeds 1 --kinds none,cluster,sparse")
+    # call 2, on what call 1 left (as a later session commits it): its runs are not trained again; the new variants
+    kinds = "none,cluster,sparse,cluster-hybrid,cluster-layer6"
+    proc = device_call(data, root / "payload", root / "results", root / "out2", f"--seeds 1 --kinds {kinds}")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     for run in ("article_none_seed1", "article_cluster_seed1"):
         assert re.search(rf"{run}: finished in call \d+T\d+Z \(EM \d+\.\d\d\): not run again", proc.stdout)
         assert f"{run}: started" not in proc.stdout
     assert "article_sparse_seed1: started" in proc.stdout
-    runs = json.loads(archived(root / "out2")["results/runs.json"])
+    files = archived(root / "out2")
+    runs = json.loads(files["results/runs.json"])
+    new = ["article_sparse_seed1", "article_cluster-hybrid_seed1", "article_cluster-layer6_seed1"]
     assert {name: r["status"] for name, r in runs.items()} == dict.fromkeys(
-        ["article_none_seed1", "article_cluster_seed1", "article_sparse_seed1"], "done"
+        ["article_none_seed1", "article_cluster_seed1", *new], "done"
     )
     assert len({r["call"] for r in runs.values()}) == 2
-    assert "| b. whole articles, `sparse`, seed 1 | " in (root / "out2/report.md").read_text()
+    hybrid_log = files["results/article_cluster-hybrid_seed1/train.log"].decode()
+    assert "--long-range-mode hybrid" in hybrid_log and "--long-range-layers 5,6" in hybrid_log
+    assert "--long-range-layers 6 " in files["results/article_cluster-layer6_seed1/train.log"].decode()
+    for run in new[1:]:  # qa-reach on the new Cluster-Former runs, on the fixed subset of held-out questions
+        assert f"results/{run}/reach.json" in files
+        summary = json.loads(files[f"results/{run}/summary.json"])
+        assert summary["reach_questions"] == summary["settings"]["reach_questions"]
+    report = (root / "out2/report.md").read_text()
+    assert "| b. whole articles, `sparse`, seed 1 | " in report
+    assert re.search(r"\| `cluster-hybrid` \| 1 \| [+-]\d+\.\d\d \[", report)
+    assert re.search(r"\| `cluster-layer6` \| 1 \| [+-]\d+\.\d\d \[", report)
+    assert "| article_cluster-layer6_seed1 | 6 | " in report and "| article_cluster-layer6_seed1 | 5 | " not in report
 
 
 @pytest.mark.e2e
@@ -112,8 +129,48 @@ def test_a_call_whose_budget_ends_stops_its_runs_and_still_packs(payload, tmp_pa
 
 
 def test_a_tiny_run_never_writes_into_the_committed_results(tmp_path):
+    committed = REPO / "benchmarks/results/qa_pretrained/device"
+    before = sorted(committed.rglob("*")) if committed.exists() else []
     proc = subprocess.run([sys.executable, REPO / "benchmarks/qa_device", "--payload", tmp_path, "--work", tmp_path,
                            "--results", REPO / "benchmarks/results/qa_pretrained/device", "--stop-at", "0", "--tiny"],
                           capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode != 0 and "a --tiny run does not write into benchmarks/results/" in proc.stderr
-    assert not (REPO / "benchmarks/results/qa_pretrained/device").exists()
+    assert (sorted(committed.rglob("*")) if committed.exists() else []) == before
+
+
+def test_the_second_call_reuses_the_committed_none_rows_and_runs_the_new_variants():
+    """The committed `none` rows (and the first call's replacement layers) have the settings these runs would have,
+    so the driver skips them; the default variants add hybrid layers 5, 6 and one Cluster-Former layer 6, two seeds
+    each: 8 runs, side by side as the first call's 8."""
+    committed = REPO / "benchmarks/results/qa_pretrained/device"
+    todo = []
+    for run in plan([1, 2], DEFAULT_KINDS.split(","), table_a=True):
+        summary = committed / run.name / "summary.json"
+        if summary.is_file() and json.loads(summary.read_text())["settings"] == run.settings(tiny=False):
+            continue
+        todo.append(run.name)
+    assert todo == [f"article_{v}_seed{s}" for s in (1, 2) for v in DEFAULT_KINDS.split(",")[1:]]
+    for old in ("none", "cluster", "lsh", "sparse"):
+        for seed in (1, 2):
+            run = Run("article", old, seed)
+            saved = json.loads((committed / run.name / "summary.json").read_text())["settings"]
+            assert saved == run.settings(tiny=False)
+
+
+def test_the_variants_commands_say_their_mode_layers_and_reach_subset(tmp_path):
+    paths = Paths(tmp_path / "data", tmp_path / "encoder", tmp_path / "work", tmp_path / "results")
+    commands = {v: train_command(Run("article", v, 1), paths, False, 2)[0] for v in VARIANTS}
+    for variant, command in commands.items():
+        mode, layers = (
+            command[command.index("--long-range-mode") + 1],
+            command[command.index("--long-range-layers") + 1],
+        )
+        assert (mode, layers) == VARIANTS[variant][1:]
+    env = train_command(Run("article", "sparse-hybrid", 1), paths, False, 2)[1]
+    assert env["LONG_RANGE"] == "sparse"
+    reach = reach_command(Run("article", "cluster-hybrid", 2), paths, False, tmp_path / "reach.json")
+    assert reach[reach.index("--max-examples") + 1] == str(REACH_QUESTIONS)
+    assert [v for v in VARIANTS if Run("article", v, 1).reach] == ["cluster", "cluster-hybrid", "cluster-layer6",
+                                                                    "cluster-layer5"]  # fmt: skip
+    with pytest.raises(ValueError, match="--kinds: 'cluster-hybird'"):
+        plan([1], ["cluster-hybird"], table_a=False)

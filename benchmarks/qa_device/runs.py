@@ -3,6 +3,12 @@
 
 Settings are examples/qa/cpu_pretrained.sh's with table a's learning rate and UPDATES=700, so that a GPU row and a
 CPU row differ only in the machine and the precision (bf16 autocast on the GPU); ``tiny`` is the CPU dry run's.
+
+Variants (``--kinds``): the paper's replacement layers at 5, 6 (``none``, ``cluster``, ``lsh``, ``sparse``: the first
+call's runs, whose settings, and so their committed results, stay as they were), the hybrid layers at 5, 6
+(``--long-range-mode hybrid``: ``cluster-hybrid``, ``lsh-hybrid``, ``sparse-hybrid``) and one Cluster-Former layer
+(``cluster-layer6``, ``cluster-layer5``). The second call's default is the new variants with ``none`` beside them: its
+committed rows have the same settings, so they are reused, not run again.
 """
 
 from __future__ import annotations
@@ -11,8 +17,24 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("none", "cluster", "lsh", "sparse")
+# variant -> (--long-range-layer, --long-range-mode, --long-range-layers)
+VARIANTS = {
+    "none": ("none", "replace", "5,6"),
+    "cluster": ("cluster", "replace", "5,6"),
+    "lsh": ("lsh", "replace", "5,6"),
+    "sparse": ("sparse", "replace", "5,6"),
+    "cluster-hybrid": ("cluster", "hybrid", "5,6"),
+    "lsh-hybrid": ("lsh", "hybrid", "5,6"),
+    "sparse-hybrid": ("sparse", "hybrid", "5,6"),
+    "cluster-layer6": ("cluster", "replace", "6"),
+    "cluster-layer5": ("cluster", "replace", "5"),
+}
+KINDS = tuple(VARIANTS)
+DEFAULT_KINDS = "none,cluster-hybrid,lsh-hybrid,sparse-hybrid,cluster-layer6"
 REACH_KINDS = ("cluster",)  # fairseq-clusterformer-qa-reach's mechanism statistic, for the Cluster-Former runs
+# qa-reach on the first N held-out questions (a fixed subset: the split's order), so that it fits beside the runs;
+# recorded in the new variants' settings (the first call's runs never reached qa-reach)
+REACH_QUESTIONS = 300
 REPO = Path(__file__).resolve().parent.parent.parent
 
 COMMON = dict(updates=700, lr=1e-4, warmup=70, batch=16, max_sentences=16, max_question=40, max_context_eval=12000,
@@ -31,17 +53,35 @@ TINY_CONTEXTS = dict(window=48, stride=40, max_context_train=256)
 @dataclass(frozen=True)
 class Run:
     contexts: str  # article (table b) or paragraph (table a)
-    kind: str
+    variant: str  # a key of VARIANTS
     seed: int
 
     @property
     def name(self) -> str:
-        return f"{self.contexts}_{self.kind}_seed{self.seed}"  # cpu_pretrained.sh's run names
+        return f"{self.contexts}_{self.variant}_seed{self.seed}"  # cpu_pretrained.sh's run names
+
+    @property
+    def kind(self) -> str:
+        return VARIANTS[self.variant][0]
+
+    @property
+    def mode(self) -> str:
+        return VARIANTS[self.variant][1]
+
+    @property
+    def reach(self) -> bool:
+        """Whether qa-reach measures it: every Cluster-Former run."""
+        return self.kind in REACH_KINDS
 
     def settings(self, tiny: bool) -> dict:
         """Everything that makes two runs of this name the same experiment (a finished run is reused only when its
-        summary.json holds these)."""
+        summary.json holds these). The paper's variants keep the first call's keys; the others add theirs."""
         out = {**COMMON, **CONTEXTS[self.contexts], "kind": self.kind, "seed": self.seed}
+        if self.variant != self.kind:
+            layers = VARIANTS[self.variant][2]
+            out.update(variant=self.variant, long_range_mode=self.mode, long_range_layers=layers)
+            if self.reach:  # the first call's cluster runs keep their settings: their summaries say what ran
+                out["reach_questions"] = REACH_QUESTIONS
         if tiny:
             out.update(TINY, **TINY_CONTEXTS, tiny=True)
         return out
@@ -50,8 +90,8 @@ class Run:
 def plan(seeds: list[int], kinds: list[str], table_a: bool) -> list[Run]:
     """The runs in priority order: table b by seed (all kinds of seed 1 first), then table a's re-run."""
     for kind in kinds:
-        if kind not in KINDS:
-            raise ValueError(f"--kinds: {kind!r} is not one of {', '.join(KINDS)}")
+        if kind not in VARIANTS:
+            raise ValueError(f"--kinds: {kind!r} is not one of {', '.join(VARIANTS)}")
     runs = [Run("article", kind, seed) for seed in seeds for kind in kinds]
     return runs + ([Run("paragraph", "none", seed) for seed in seeds] if table_a else [])
 
@@ -80,7 +120,8 @@ def train_command(run: Run, paths: Paths, tiny: bool, threads: int) -> tuple[lis
                MEMORY=s["memory"], DROPOUT=s["dropout"], SEED=run.seed, SAVE_DIR=str(paths.work / run.name),
                OMP_NUM_THREADS=threads)  # fmt: skip
     command = ["bash", str(REPO / "examples/qa/train.sh"), str(paths.data_bin(run)),
-               "--long-range-layers", s["long_range_layers"], "--disable-validation", "--autocast-bf16",
+               "--long-range-layers", s["long_range_layers"], "--long-range-mode", run.mode,
+               "--disable-validation", "--autocast-bf16",
                "--log-interval", "1" if tiny else "10", "--save-interval", "1000"]  # fmt: skip
     return command + (["--cpu"] if tiny else []), {k: str(v) for k, v in env.items()}
 
@@ -94,7 +135,8 @@ def predict_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[st
 
 
 def reach_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]:
-    """fairseq-clusterformer-qa-reach on every held-out question."""
+    """fairseq-clusterformer-qa-reach on the first REACH_QUESTIONS held-out questions (``reach_questions``)."""
     command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.reach", str(paths.data_bin(run)),
-               "--path", str(paths.checkpoint(run)), "--split", "valid", "--json", str(output)]  # fmt: skip
+               "--path", str(paths.checkpoint(run)), "--split", "valid", "--json", str(output),
+               "--max-examples", str(run.settings(tiny).get("reach_questions", REACH_QUESTIONS))]  # fmt: skip
     return command + (["--cpu"] if tiny else [])

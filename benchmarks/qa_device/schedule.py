@@ -150,7 +150,8 @@ class Controller:
             stage = self.start_stage(state, next_stage)
             if stage is not None:
                 state.stage, state.status = stage, next_stage
-                state.times[f"{next_stage}_start"] = now
+                # a stage may have been launched before the controller takes it over (qa-reach beside qa-predict)
+                state.times.setdefault(f"{next_stage}_start", now)
                 return
             next_stage = "done"  # a stage that does not fit is skipped (reach only: start_stage says why)
         state.status, state.stage = next_stage, None

@@ -32,6 +32,10 @@ LABELS = {
     "cluster": "Cluster-Former layers 5, 6 (`cluster`)",
     "lsh": "`lsh`",
     "sparse": "`sparse`",
+    "cluster-hybrid": "hybrid Cluster-Former layers 5, 6 (`cluster-hybrid`)",
+    "lsh-hybrid": "hybrid `lsh-hybrid`",
+    "sparse-hybrid": "hybrid `sparse-hybrid`",
+    "cluster-layer6": "one Cluster-Former layer, 6 (`cluster-layer6`)",
 }
 METRICS = {"exact_match": exact_match, "f1": token_f1}
 
@@ -79,8 +83,10 @@ def load_runs(results: Path, gold: dict[str, list[str]]) -> list[dict[str, Any]]
                     "from --held-out-from: not the questions it was scored on"
                 )
         reach = summary_file.parent / "reach.json"
+        # a variant of a kind (hybrid layers, one layer) is a row of its own
+        kind = summary["settings"].get("variant", summary["settings"]["kind"])
         runs.append({"name": summary_file.parent.name, "contexts": summary_file.parent.name.split("_")[0],
-                     "kind": summary["settings"]["kind"], "seed": summary["settings"]["seed"], "summary": summary,
+                     "kind": kind, "seed": summary["settings"]["seed"], "summary": summary,
                      "scores": scores,
                      "reach": json.loads(reach.read_text(encoding="utf-8")) if reach.is_file() else None})  # fmt: skip
     return runs
