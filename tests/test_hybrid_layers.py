@@ -136,3 +136,16 @@ def test_the_language_model_refuses_hybrid(lm_data):
     cfg = convert_namespace_to_omegaconf(args)
     with pytest.raises(ValueError, match="--long-range-mode hybrid is built for the QA encoder"):
         tasks.setup_task(cfg.task).build_model(cfg.model)
+
+
+def test_a_resume_must_keep_the_mode_and_old_checkpoints_are_replace(qa_data):
+    """``checkpoints.model_fit`` compares these: a hybrid checkpoint resumed as replace (or back) is refused by name,
+    and a checkpoint from before the flag (no ``long_range_mode`` in its args) reads as the paper's layer."""
+    from fairseq_clusterformer.qa.model import ClusterFormerQAModel
+
+    hybrid = parse(qa_data, "--long-range-mode", "hybrid")
+    replace = parse(qa_data)
+    assert ClusterFormerQAModel.computing_settings(hybrid)["--long-range-mode"] == "hybrid"
+    assert ClusterFormerQAModel.computing_settings(replace)["--long-range-mode"] == "replace"
+    del replace.long_range_mode
+    assert ClusterFormerQAModel.computing_settings(replace)["--long-range-mode"] == "replace"
