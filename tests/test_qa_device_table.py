@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.recipe_runs import snapshot
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
 
 ENV = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
@@ -112,8 +113,10 @@ def test_a_call_whose_budget_ends_stops_its_runs_and_still_packs(payload, tmp_pa
 
 
 def test_a_tiny_run_never_writes_into_the_committed_results(tmp_path):
+    committed = REPO / "benchmarks/results/qa_pretrained/device"  # the GPU's results, committed
+    before = snapshot(committed)
     proc = subprocess.run([sys.executable, REPO / "benchmarks/qa_device", "--payload", tmp_path, "--work", tmp_path,
                            "--results", REPO / "benchmarks/results/qa_pretrained/device", "--stop-at", "0", "--tiny"],
                           capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode != 0 and "a --tiny run does not write into benchmarks/results/" in proc.stderr
-    assert not (REPO / "benchmarks/results/qa_pretrained/device").exists()
+    assert snapshot(committed) == before
