@@ -14,7 +14,16 @@
 # Each mistake stops the recipe with exit status 2 and a line naming the flag or variable at fault: a flag given
 # without its value (or followed by another --flag), an unknown flag (with the list of those the recipe takes), a value
 # that is not a whole number, a number or one of the choices where one is expected. A whole number is stored without
-# leading zeros, so that shell arithmetic does not read 08 as octal.
+# leading zeros, so that shell arithmetic does not read 08 as octal. A flag of kind DIR refuses an empty value (a
+# folder named '' would become the current one, or / once a recipe appends to it).
+#
+# A recipe removes only what it made itself. The folders it writes into are its own: recipe_own_dir (before any work)
+# accepts a folder that is missing, empty or holds the marker file the recipe left there on an earlier run (a re-run
+# redoes or resumes its outputs), and stops naming the folder and its flag otherwise; recipe_claim_dir (just before
+# the first write) makes the folder and leaves the marker:
+#
+#   recipe_own_dir --out "$OUT"          # or WORK (an environment variable), DEST (an argument)
+#   recipe_claim_dir "$OUT"
 
 RECIPE_ARGS=()
 _recipe_flags=() _recipe_vars=() _recipe_kinds=()
@@ -37,6 +46,7 @@ recipe_check() {
         int) [[ "$3" =~ ^[0-9]+$ ]] || recipe_die "$2: expected a whole number" ;;
         number) [[ "$3" =~ $_recipe_number ]] || recipe_die "$2: expected a number" ;;
         *"|"*) [[ "|$1|" == *"|$3|"* ]] || recipe_die "$2: expected ${1//|/ or }" ;;
+        DIR) [[ -n "$3" ]] || recipe_die "${2% }: expected a folder, got an empty value" ;;
     esac
 }
 
@@ -102,4 +112,35 @@ recipe_env() {  # recipe_env KIND NAME...: each variable NAME that is set and no
         recipe_check "$kind" "$name=${!name}" "${!name}"
         _recipe_set "$kind" "$name" "${!name}"
     done
+}
+
+# The marker file a recipe leaves in a folder it made; it holds the recipe's path in the repository.
+RECIPE_MARKER=.made-by-recipe
+_recipe_me=$(realpath --relative-to="$(dirname "$(dirname "$(realpath "${BASH_SOURCE[0]}")")")" "$(realpath "$0")")
+
+_recipe_shown() {  # _recipe_shown NAME DIR: how the messages show the setting: --out DIR, or WORK=DIR
+    if [[ "$1" == -* ]]; then echo "$1 $2"; else echo "$1=$2"; fi
+}
+
+# recipe_own_dir NAME DIR: stop (status 2) unless DIR can be this recipe's own folder. NAME is the flag, variable or
+# argument that gave DIR, for the messages.
+recipe_own_dir() {
+    local shown made
+    shown=$(_recipe_shown "$1" "$2")
+    [[ -n "$2" ]] || recipe_die "$1: expected a folder, got an empty value"
+    if [[ -f "$2/$RECIPE_MARKER" ]]; then
+        made=$(cat "$2/$RECIPE_MARKER")
+        [[ "$made" == "$_recipe_me" ]] ||
+            recipe_die "$shown: that folder was made by $made, not by $_recipe_me; give another $1"
+        return 0
+    fi
+    [[ ! -e "$2" || -d "$2" ]] || recipe_die "$shown: not a folder"
+    [[ ! -d "$2" || -z "$(ls -A "$2")" ]] ||
+        recipe_die "$shown: that folder holds files $_recipe_me did not make (it has no $RECIPE_MARKER)," \
+            "and $_recipe_me writes into and removes from only a folder of its own: give a new or empty $1"
+}
+
+recipe_claim_dir() {  # recipe_claim_dir DIR: make DIR (passed by recipe_own_dir) and leave the marker in it
+    mkdir -p "$1"
+    [[ -f "$1/$RECIPE_MARKER" ]] || echo "$_recipe_me" >"$1/$RECIPE_MARKER"
 }

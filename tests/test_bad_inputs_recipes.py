@@ -1,8 +1,8 @@
-"""Bad input to the shell recipes, run for real: a flag without its value, an unknown flag and a value or environment
-variable that is not a whole number stop every recipe (examples/recipe_args.sh, which they share) with exit status 2
-and a line naming the flag or variable, before any work starts; examples/qa/cpu_pretrained.sh refuses an --out made
-from another encoder than --hf; a checkpoint the resuming recipes cannot read names the run. Each case checks that
-no file was created or changed."""
+"""Bad input to the shell recipes, run for real: a flag without its value, an unknown flag, a value or environment
+variable that is not a whole number (or UPDATES=0) and an empty value for a folder flag stop every recipe
+(examples/recipe_args.sh, which they share) with exit status 2 and a line naming the flag or variable, before any work
+starts; examples/qa/cpu_pretrained.sh refuses an --out made from another encoder than --hf; a checkpoint the resuming
+recipes cannot read names the run. Each case checks that no file was created or changed."""
 
 from __future__ import annotations
 
@@ -66,6 +66,21 @@ def test_help_still_explains_the_recipe(tmp_path, name, flag, positional):
 
 
 @pytest.mark.parametrize(
+    "name, flag",
+    [
+        ("qa/cpu_pretrained.sh", "--out"),
+        ("qa/cpu_pretrained.sh", "--data"),
+        ("code/prepare.sh", "--out"),  # it was --out /text, and rm -rf /data-bin
+        ("code/prepare.sh", "--data"),  # it was the installed packages, without a word
+        ("longrange/prepare.sh", "--out"),
+        ("wikitext103/prepare.sh", "--dest"),
+    ],
+)
+def test_an_empty_folder_flag_is_refused(tmp_path, name, flag):
+    assert f"{flag}: expected a folder, got an empty value" in refused(name, flag, "", cwd=tmp_path)
+
+
+@pytest.mark.parametrize(
     "name, args, shown",
     [
         ("enwik8/prepare.sh", ("--data", ".", "--workers", "2x"), "--workers 2x"),
@@ -101,12 +116,15 @@ def fake_hf(tmp_path):
         ("longrange/train.sh", ("none", "1", "data", "save"), "WINDOW=8x"),
         ("qa/eval.sh", ("data", "model.pt"), "BATCH=4,"),
         ("demo.sh", (), "UPDATES=3k"),
+        # 0 is fairseq's "no limit": the demo would train on, cpu_pretrained.sh plan to score a checkpoint never made
+        ("demo.sh", (), "UPDATES=0"),
+        ("qa/cpu_pretrained.sh", ("--hf", "hf", "--out", "out", "--dry-run"), "UPDATES=0"),
     ],
 )
 def test_an_environment_variable_that_is_not_a_number_is_named_first(tmp_path, fake_hf, name, args, variable):
     key, value = variable.split("=", 1)
     env = {key: value, "WORK": str(tmp_path / "demo-work"), "GPUS": "0"}
-    assert f"{variable}: expected a " in refused(name, *args, cwd=tmp_path, **env)
+    assert f"{variable}: expected " in refused(name, *args, cwd=tmp_path, **env)
 
 
 def test_a_qa_train_variable_that_is_not_a_whole_number_is_named(tmp_path):

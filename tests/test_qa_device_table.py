@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.recipe_runs import snapshot
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
 
 sys.path.insert(0, str(REPO / "benchmarks" / "qa_device"))
@@ -129,13 +130,13 @@ def test_a_call_whose_budget_ends_stops_its_runs_and_still_packs(payload, tmp_pa
 
 
 def test_a_tiny_run_never_writes_into_the_committed_results(tmp_path):
-    committed = REPO / "benchmarks/results/qa_pretrained/device"
-    before = sorted(committed.rglob("*")) if committed.exists() else []
+    committed = REPO / "benchmarks/results/qa_pretrained/device"  # the GPU's results, committed
+    before = snapshot(committed)
     proc = subprocess.run([sys.executable, REPO / "benchmarks/qa_device", "--payload", tmp_path, "--work", tmp_path,
                            "--results", REPO / "benchmarks/results/qa_pretrained/device", "--stop-at", "0", "--tiny"],
                           capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode != 0 and "a --tiny run does not write into benchmarks/results/" in proc.stderr
-    assert (sorted(committed.rglob("*")) if committed.exists() else []) == before
+    assert snapshot(committed) == before
 
 
 def test_the_second_call_reuses_the_committed_none_rows_and_runs_the_new_variants():

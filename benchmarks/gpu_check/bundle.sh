@@ -16,13 +16,32 @@
 # the data files under fairseq/examples/ (test arrays, images, notebooks: 10 of its 12 MB), which nothing imports;
 # that folder's Python files stay (fairseq's speech tasks import some).
 #
-#   bash benchmarks/gpu_check/bundle.sh [DEST]     (PY312=/path/to/python3.12 to use another interpreter;
-#                                                   examples/qa/device_table_prepare.sh: WITH_NUMPY1=0)
+#   bash benchmarks/gpu_check/bundle.sh [DEST]     (benchmarks/qa_device/prepare.sh: WITH_NUMPY1=0)
+# The interpreter: PY312=/path/to/python3.12, else python3.12 on PATH, else pyenv's newest 3.12. DEST must be a new or
+# empty folder, or one this script made before (it leaves .made-by-recipe there): the wheels are built in a temporary
+# folder and replace DEST's only once all of them are there, so a failing build leaves the earlier bundle as it was.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=../../examples/recipe_args.sh
+source "$REPO/examples/recipe_args.sh"
+(($# <= 1)) || recipe_die "one argument at most, the bundle's folder (got $#)"
+(($# == 0)) || [[ -n "$1" ]] || recipe_die "DEST: expected a folder, got an empty value"
 DEST=$(realpath -m "${1:-$REPO/.gpu-bundle}")
-PY312=${PY312:-/root/.pyenv/versions/3.12.1/bin/python3.12}
+recipe_own_dir DEST "$DEST"
+
+python312() {  # the first Python 3.12 found: PY312, PATH, pyenv
+    local candidate root
+    if [[ -n "${PY312:-}" ]]; then echo "$PY312"; return; fi
+    root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+    for candidate in "$(command -v python3.12 || true)" $(ls -d "$root"/versions/3.12*/bin/python3.12 2>/dev/null |
+        sort -rV); do
+        [[ -n "$candidate" ]] && "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null &&
+            { echo "$candidate"; return; }
+    done
+    recipe_die "found no Python 3.12 (on PATH or under $root/versions): name one with PY312=/path/to/python3.12"
+}
+PY312=$(python312) || exit 2
 BUILD_VENV=${BUILD_VENV:-/tmp/py312-build}
 FAIRSEQ=fairseq-fixed==0.12.3.1
 # The Cython extensions are compiled against numpy 2 headers: such a module also loads under numpy 1.26 (numpy 2
@@ -38,7 +57,7 @@ PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
 
 "$PY312" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' ||
-  { echo "bundle.sh: PY312=$PY312 is not Python 3.12" >&2; exit 1; }
+  recipe_die "PY312=$PY312 is not Python 3.12"
 export MAX_JOBS=1 OMP_NUM_THREADS=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 test -x "$BUILD_VENV/bin/python" || "$PY312" -m venv "$BUILD_VENV"
 PIP=("$BUILD_VENV/bin/python" -m pip)
@@ -48,10 +67,10 @@ if "$BUILD_VENV/bin/python" -c 'import torch' 2>/dev/null; then
   exit 1
 fi
 
-rm -rf "$DEST"
-mkdir -p "$DEST"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+FINAL=$DEST DEST=$WORK/bundle  # built here, moved into FINAL at the end
+mkdir -p "$DEST"
 
 # TORCH_STUB: fairseq-fixed's setup.py imports torch.utils.cpp_extension unconditionally, for three C++ extensions
 # built against torch (libbase, libnat, alignment_train) that language modelling and QA never import. A stub torch
@@ -102,8 +121,12 @@ for name in "${wanted[@]}"; do
 done
 ls -lR "$DEST"
 size=$(du -sm "$DEST" | cut -f1)
-echo "gpu-bundle: $(find "$DEST" -name '*.whl' | wc -l) wheels, ${size} MiB in $DEST"
 if [ "$size" -gt 45 ]; then
-  echo "bundle.sh: ${size} MiB is over the 45 MiB the device call leaves for it" >&2
+  echo "bundle.sh: ${size} MiB is over the 45 MiB the device call leaves for it; $FINAL is left as it was" >&2
   exit 1
 fi
+# the new wheels replace what this script put into FINAL before (its wheels and numpy1/), nothing else
+recipe_claim_dir "$FINAL"
+rm -rf "$FINAL"/*.whl "$FINAL/numpy1"
+cp -r "$DEST"/. "$FINAL"/
+echo "gpu-bundle: $(find "$FINAL" -name '*.whl' | wc -l) wheels, ${size} MiB in $FINAL"

@@ -16,6 +16,9 @@
 # Overrides: PYTHON (default python3: the machine's torch), BUNDLE (default .gpu-bundle), SKIP_INSTALL=1 (a local dry
 # run with an environment that has fairseq already), GPU_BUDGET_MINUTES (default 8), GPU_CHECK_ARGS (more driver
 # options, e.g. "--device cpu --size tiny"), OUT (default /tmp/gpu-check-device-out where the tool sets none).
+# It is the GPU's check: on a machine whose torch sees no GPU, or with GPU_BUDGET_MINUTES=0 (every part skipped), it
+# refuses (exit 2) before anything is written, unless GPU_CHECK_ARGS holds --device cpu (the CPU dry run of the tests,
+# which then adds nothing of benchmarks/results/gpu/ to its results).
 cd "$(dirname "$0")/../.." || exit 1
 REPO=$(pwd)
 PYTHON=${PYTHON:-python3}
@@ -23,6 +26,19 @@ BUNDLE=${BUNDLE:-$REPO/.gpu-bundle}
 BUDGET=${GPU_BUDGET_MINUTES:-8}
 OUT=${OUT:-/tmp/gpu-check-device-out}
 SITE=${SITE:-/tmp/site}
+refuse() { echo "device_run.sh: $*" >&2; exit 2; }
+CPU_DRY_RUN=0
+[[ " ${GPU_CHECK_ARGS:-} " =~ \ --device[\ =]cpu\  ]] && CPU_DRY_RUN=1
+[[ "$BUDGET" =~ ^[0-9]*[.]?[0-9]+$ ]] || refuse "GPU_BUDGET_MINUTES=$BUDGET: expected a number of minutes"
+if ((!CPU_DRY_RUN)); then
+  awk -v m="$BUDGET" 'BEGIN { exit !(m > 0) }' ||
+    refuse "GPU_BUDGET_MINUTES=$BUDGET: every part would be skipped; give the minutes the call may use (default 8)," \
+      "or GPU_CHECK_ARGS=\"--device cpu\" for a CPU dry run"
+  # the machine's own torch (the bundle brings none)
+  "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
+    refuse "$PYTHON's torch sees no GPU here: this is the GPU's check, and a CPU's results would be packed as" \
+      "the GPU's; GPU_CHECK_ARGS=\"--device cpu\" runs it on the CPU as a dry run"
+fi
 RUN=$(mktemp -d /tmp/gpu-check-run.XXXX)
 mkdir -p "$OUT" "$RUN/results" "$RUN/work"
 LOG=$RUN/device_run.log
@@ -56,8 +72,9 @@ echo "fairseq-train: $(command -v fairseq-train || echo "not on PATH (the driver
 
 # a call with --parts (in GPU_CHECK_ARGS) adds its parts to those committed in benchmarks/results/gpu/ by earlier calls
 COMMITTED=$REPO/benchmarks/results/gpu
+# (not into a CPU dry run's)
 case " ${GPU_CHECK_ARGS:-} " in
-  *" --parts"*) if [ -f "$COMMITTED/summary.json" ]; then cp -r "$COMMITTED/." "$RUN/results/"; fi ;;
+  *" --parts"*) if ((!CPU_DRY_RUN)) && [ -f "$COMMITTED/summary.json" ]; then cp -r "$COMMITTED/." "$RUN/results/"; fi ;;
 esac
 
 step "nvidia-smi"

@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import (  # noqa: E402
     DEFAULT_KINDS,
+    KINDS,
     REACH_QUESTIONS,
     REPO,
     VARIANTS,
@@ -68,9 +69,7 @@ def get_parser() -> argparse.ArgumentParser:
 
 def unpack(payload: Path, work: Path) -> Path:
     """Check every payload file against SHA256SUMS and unpack data.tar.xz into WORK/data."""
-    sums = payload / "SHA256SUMS"
-    if not sums.is_file():
-        raise SystemExit(f"--payload {payload}: no SHA256SUMS; make the payload with benchmarks/qa_device/prepare.sh")
+    sums = payload / "SHA256SUMS"  # there: check_flags looked
     for line in sums.read_text().splitlines():
         digest, name = line.split(maxsplit=1)
         # read whole (at most a few tens of MB); hashlib.file_digest needs Python 3.11, and importing the project
@@ -200,10 +199,26 @@ class Call:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
+def check_flags(args: argparse.Namespace) -> tuple[list[int], list[str]]:
+    """The seeds and kinds, and the payload's presence, checked before any folder is made or anything unpacked."""
+    kinds = args.kinds.split(",")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise SystemExit(f"--kinds {args.kinds}: unknown kind {', '.join(unknown)} (the kinds: {', '.join(KINDS)})")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds {args.seeds}: expected whole numbers separated by commas") from None
+    if not (args.payload / "SHA256SUMS").is_file():
+        raise SystemExit(f"--payload {args.payload}: no SHA256SUMS; make it with benchmarks/qa_device/prepare.sh")
+    return seeds, kinds
+
+
 def main(args: argparse.Namespace) -> int:
     results = args.results.resolve()
     if args.tiny and (REPO / "benchmarks/results") in (results, *results.parents):
         raise SystemExit(f"--results {args.results}: a --tiny run does not write into benchmarks/results/")
+    seeds, kinds = check_flags(args)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     call_dir = results / "calls" / stamp
     call_dir.mkdir(parents=True, exist_ok=True)
@@ -219,10 +234,9 @@ def main(args: argparse.Namespace) -> int:
     data = unpack(args.payload, args.work)
     paths = Paths(data=data, encoder=args.payload / "encoder", work=args.work, results=results)
     device = device_name()
-    seeds = [int(s) for s in args.seeds.split(",")]
     call = Call(args, paths, stamp, device, log)
     states = []
-    for priority, run in enumerate(plan(seeds, args.kinds.split(","), not args.no_table_a)):
+    for priority, run in enumerate(plan(seeds, kinds, not args.no_table_a)):
         settings = run.settings(args.tiny)
         earlier = finished_earlier(results, run, settings)
         if earlier is not None:

@@ -29,6 +29,16 @@ OUT=${OUT:-/tmp/qa-device-out}
 SITE=${SITE:-/tmp/site}
 MINUTES=${QA_DEVICE_MINUTES:-8.5}
 PACK_S=${PACK_S:-30}
+# refused (exit 2) before anything is written: a missing payload, and a machine whose torch sees no GPU (these are
+# the GPU's runs) unless QA_DEVICE_TINY=1
+refuse() { echo "device_run.sh: $*" >&2; exit 2; }
+[[ -f "$PAYLOAD/SHA256SUMS" ]] ||
+  refuse "PAYLOAD=$PAYLOAD holds no payload (no SHA256SUMS): make it first with bash benchmarks/qa_device/prepare.sh"
+if [ "${QA_DEVICE_TINY:-0}" != 1 ]; then
+  "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null ||
+    refuse "$PYTHON's torch sees no GPU here: the QA device runs need one (bf16 autocast, their sizes);" \
+      "QA_DEVICE_TINY=1 is the CPU dry run at tiny sizes"
+fi
 RUN=$(mktemp -d /tmp/qa-device-run.XXXX)
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$RUN/device_run.log") 2>&1

@@ -13,6 +13,7 @@
 #    OUT/payload.json (the cut, the sources, the sizes) and OUT/SHA256SUMS, which the device checks.
 # 4. OUT/bundle/: benchmarks/gpu_check/bundle.sh with WITH_NUMPY1=0 (the wheels the machine's image lacks, built for
 #    its Python 3.12); --no-bundle leaves it out (device_run.sh then needs SKIP_INSTALL=1).
+# WORK and OUT must be new or empty folders, or ones this script made before (it leaves .made-by-recipe in them).
 # Last it adds OUT to the repository's tracked files and fails if they exceed LIMIT_MIB (60: the device call carries
 # at most 64 MiB, and the tree grows).
 set -euo pipefail
@@ -31,7 +32,28 @@ recipe_parse "$@"
 recipe_env int LIMIT_MIB
 LIMIT_MIB=${LIMIT_MIB:-60}
 WORK=$(realpath -m "$WORK") OUT=$(realpath -m "$OUT")
-mkdir -p "$WORK"
+# every run of the device call puts its long-range layers at 5 and 6 (runs.py): an encoder with fewer layers would
+# make a payload whose every run fails on the GPU
+if [[ -n "$HF" ]]; then
+    python - "$HF" "$REPO/benchmarks/qa_device" <<'EOF' || exit 2
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from runs import COMMON
+config = f"{sys.argv[1]}/config.json"
+try:
+    layers = json.load(open(config, encoding="utf-8"))["num_hidden_layers"]
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"prepare.sh: --hf {sys.argv[1]}: cannot read num_hidden_layers from {config} ({e!r})")
+need = max(int(i) for i in COMMON["long_range_layers"].split(","))
+if layers < need:
+    sys.exit(f"prepare.sh: --hf {sys.argv[1]}: an encoder of {layers} layers; the device runs put their long-range "
+             f"layers at {COMMON['long_range_layers']} (benchmarks/qa_device/runs.py), so it needs at least {need}")
+EOF
+fi
+# WORK and OUT are this script's own folders: it removes from them (cut/, the payload's parts) what it made there
+recipe_own_dir --work "$WORK"
+recipe_own_dir --out "$OUT"
+recipe_claim_dir "$WORK"
 
 for contexts in article paragraph; do
     bash "$REPO/examples/qa/cpu_pretrained.sh" --prepare-only --contexts "$contexts" --data "$DATA" --out "$WORK" \
@@ -42,10 +64,9 @@ python -m fairseq_clusterformer.qa.scripts.cut_vocab --encoder "$WORK/encoder" -
     --data "squad_article=$WORK/squad_article/bin" --data "squad_paragraph=$WORK/squad_paragraph/bin" |
     tee "$WORK/cut.log"
 
-# a fresh OUT; with --no-bundle a bundle made earlier (it needs PyPI) stays
-for entry in "$OUT"/* "$OUT"/SHA256SUMS; do
-    [[ -e "$entry" && ! ("$entry" == "$OUT/bundle" && $BUNDLE == 0) ]] && rm -rf "$entry"
-done
+# the payload's parts made again; a bundle made earlier (it needs PyPI) stays until bundle.sh has built its successor
+recipe_claim_dir "$OUT"
+rm -rf "$OUT/encoder" "$OUT/data.tar.xz" "$OUT/payload.json" "$OUT/SHA256SUMS"
 mkdir -p "$OUT/encoder"
 cp "$WORK"/cut/encoder/{model.pt,dict.txt,hf_import.json} "$OUT/encoder/"
 tar -C "$WORK/cut" -cJf "$OUT/data.tar.xz" squad_article squad_paragraph
@@ -75,5 +96,5 @@ print(", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in parts.items())
 if total > limit:
     sys.exit(f"prepare.sh: {total:.1f} MiB is over LIMIT_MIB={limit:g}: the device call would refuse the tree")
 EOF
-(cd "$OUT" && find . -type f ! -name SHA256SUMS | sort | xargs sha256sum >SHA256SUMS)
+(cd "$OUT" && find . -type f ! -name SHA256SUMS ! -name "$RECIPE_MARKER" | sort | xargs sha256sum >SHA256SUMS)
 echo "payload: $OUT"

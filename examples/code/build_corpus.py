@@ -77,7 +77,14 @@ def package_files(names: list[str]) -> tuple[list[tuple[str, Path]], dict[str, s
 def folder_files(folder: Path, label: str) -> list[tuple[str, Path]]:
     if not folder.is_dir():
         raise SystemExit(f"build_corpus.py: --data {folder}: not a folder")
-    files = [(label, p) for p in sorted(folder.rglob("*.py")) if p.is_file()]
+    found = sorted(folder.rglob("*.py"))
+    files = [(label, p) for p in found if p.is_file()]
+    # named, not dropped without a word: what the corpus would otherwise silently lack
+    for path in found:
+        if not path.is_file():
+            why = "a folder, not a file" if path.is_dir() else "a broken symbolic link" if path.is_symlink() else None
+            where = f"--data {folder}" if label == "data" else f"the {label} folder"
+            print(f"build_corpus.py: {where}: skipped {path}: {why or 'not a regular file'}", file=sys.stderr)
     if not files:
         raise SystemExit(f"build_corpus.py: --data {folder}: no .py files under it")
     return files

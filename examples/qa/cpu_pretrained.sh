@@ -46,6 +46,8 @@ recipe_parse "$@"
 recipe_env int SEED UPDATES WARMUP BATCH MAX_QUESTION MAX_CONTEXT_TRAIN MAX_CONTEXT_EVAL CLUSTERS KMEANS_INTERVAL \
     MEMORY TRAIN_ARTICLES THREADS WINDOW STRIDE
 recipe_env number MAX_HOURS
+# 0 updates: no checkpoint would ever exist to score
+[[ "${UPDATES:-1}" != 0 ]] || recipe_die "UPDATES=0: expected at least 1 update"
 [[ -f "$DATA/dev-v1.1.json" ]] || { echo "$0: --data $DATA holds no dev-v1.1.json" >&2; exit 2; }
 [[ -z "$HF" || -f "$HF/config.json" ]] || { echo "$0: --hf $HF holds no config.json" >&2; exit 2; }
 KIND="${KIND:-none}"
