@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
+from fairseq_clusterformer.qa.data.records import ANSWER_TYPES
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 from fairseq_clusterformer.qa.scripts import predict
 from tests.conftest import REPO, TINY_LM_TRAIN, run_ok
@@ -187,6 +188,29 @@ def test_a_checkpoint_moved_from_the_machine_that_trained_it(checkpoint, qa_data
     assert again.tokenizer.model_path == str(moved / "qa.model")
     context = "\n\n".join(records[3]["paragraphs"])
     assert again.answer(records[3]["question"], context) == hub.answer(records[3]["question"], context)
+
+
+def test_a_natural_questions_model_answers_with_its_answer_type(tmp_path_factory):
+    """NQ heads (read off the weights: the data folder beside the checkpoint holds no split saying so): each answer
+    carries the answer-type head's class, and span, score and class are qa-predict's decoding of the split."""
+    data = shared_data(tmp_path_factory, nq=True)
+    save = tmp_path_factory.mktemp("qa_ask_nq")
+    run_ok("fairseq-train", data, *TRAIN, "--max-update", "5", "--save-dir", save,
+           "--best-checkpoint-metric", "long_f1")  # fmt: skip
+    for name in ("dict.txt", "qa_config.json"):
+        shutil.copy(data / name, save / name)
+    hub = ClusterFormerQAModel.from_pretrained(str(save), "checkpoint_last.pt", data_name_or_path=".", cpu=True)
+    assert hub.model.qa_heads.answer_type is not None
+    path = str(save / "checkpoint_last.pt")
+    model, task = predict.load(predict.get_parser().parse_args([str(data), "--path", path, "--output", "-", "--cpu"]))
+    expected = dict(predict.predict(model, task, "valid", 4))
+    records = [json.loads(line) for line in (data.parent / "valid.jsonl").read_text().splitlines()]
+    for i, record in enumerate(records):
+        context = "\n\n".join(record["paragraphs"])
+        (best,) = hub.answer(record["question"], context)
+        assert best.answer_type == ANSWER_TYPES[expected[i].answer_type]
+        assert best.score == pytest.approx(expected[i].span_score, abs=1e-5)
+        assert best.text == task.answer_text("valid", i, expected[i].start, expected[i].end)
 
 
 def test_the_console_script_prints_the_hubs_answer(hub, checkpoint, records, tmp_path):
