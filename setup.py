@@ -30,6 +30,7 @@ setup(
             "fairseq-clusterformer-qa-convert = fairseq_clusterformer.qa.scripts.convert:cli_main",
             "fairseq-clusterformer-qa-binarize = fairseq_clusterformer.qa.scripts.binarize:cli_main",
             "fairseq-clusterformer-qa-predict = fairseq_clusterformer.qa.scripts.predict:cli_main",
+            "fairseq-clusterformer-qa-ask = fairseq_clusterformer.qa.scripts.ask:cli_main",
             "fairseq-clusterformer-qa-reach = fairseq_clusterformer.qa.scripts.reach:cli_main",
             "fairseq-clusterformer-train-spm = fairseq_clusterformer.qa.scripts.train_sentencepiece:cli_main",
             "fairseq-clusterformer-import-hf = fairseq_clusterformer.qa.scripts.import_hf:cli_main",

@@ -20,7 +20,7 @@ ALLOWED = {
     "qa.data": {"atomic_files"},
     "qa.formats": {"qa.data"},
     "qa.hf": set(),
-    "qa": {"ops", "qa.ops", "qa.data", "layers", "refresh", "compat"},
+    "qa": {"ops", "qa.ops", "qa.data", "layers", "refresh", "checkpoints", "compat"},
     "scripts": {"ops", "layers", "lm", "qa", "checkpoints", "__init__"},
     "qa.scripts": {"ops", "qa.ops", "qa.data", "qa.formats", "qa.hf", "qa", "layers", "checkpoints", "atomic_files",
                    "scripts", "__init__"},

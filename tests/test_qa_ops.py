@@ -7,7 +7,7 @@ import torch
 
 from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
-from fairseq_clusterformer.qa.ops.spans import best_spans, candidate_log_softmax, gold_span_log_likelihood
+from fairseq_clusterformer.qa.ops.spans import best_spans, candidate_log_softmax, gold_span_log_likelihood, top_spans
 from fairseq_clusterformer.qa.ops.windows import (
     QAInputWindows,
     QALayout,
@@ -224,6 +224,30 @@ def test_best_span_equals_exhaustive_search(seed):
                 if valid[b, s] and valid[b, e]
             )
             assert (float(scores[b]), int(starts[b]), int(ends[b])) == pytest.approx(best)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_top_spans_equal_exhaustive_search_within_paragraphs(seed):
+    """The k best spans (the hub's top_k) are the k best of every allowed span, best first, never across a segment;
+    a row with fewer allowed spans than k is padded with -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    start, end = torch.randn(3, 9, generator=gen), torch.randn(3, 9, generator=gen)
+    valid = torch.rand(3, 9, generator=gen) > 0.3
+    valid[2] = False
+    valid[2, 4] = True  # one allowed span only
+    segments = torch.tensor([0, 0, 0, 1, 1, 1, 1, 2, 2]).expand(3, 9)
+    starts, ends, scores = top_spans(start, end, valid, 4, 6, segments)
+    for b in range(3):
+        every = sorted(
+            ((float(start[b, s] + end[b, e]), s, e) for s in range(9) for e in range(s, min(9, s + 4))
+             if valid[b, s] and valid[b, e] and segments[b, s] == segments[b, e]),
+            reverse=True,
+        )[:6]  # fmt: skip
+        found = [(float(x), int(s), int(e)) for x, s, e in zip(scores[b], starts[b], ends[b])]
+        assert [(s, e) for _, s, e in found[: len(every)]] == [(s, e) for _, s, e in every]
+        assert [x for x, _, _ in found[: len(every)]] == pytest.approx([x for x, _, _ in every])
+        assert all(x == float("-inf") for x, _, _ in found[len(every) :])
+    assert int((scores[2] > float("-inf")).sum()) == 1
 
 
 def test_best_span_of_a_row_without_valid_positions():

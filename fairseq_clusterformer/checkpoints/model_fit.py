@@ -41,6 +41,17 @@ def _saved_model_cfg(index) -> dict:
     return model_cfg if isinstance(model_cfg, dict) else vars(model_cfg) if isinstance(model_cfg, Namespace) else {}
 
 
+def checkpoint_arch(state: dict) -> tuple[str | None, str | None]:
+    """(--arch, --task) a loaded checkpoint ``state`` was trained with; fairseq < 0.10 checkpoints keep them in
+    ``args``."""
+    args = state.get("args")
+    if args is not None:
+        return getattr(args, "arch", None), getattr(args, "task", None)
+    cfg = state.get("cfg") or {}
+    model, task = cfg.get("model"), cfg.get("task")
+    return getattr(model, "_name", None), getattr(task, "_name", None)
+
+
 def _same_model(model_cfg: dict, model) -> bool:
     """Whether the checkpoint was written by ``model``'s registered model class (a resume), not another one (a
     RoBERTa or transformer_lm checkpoint to start from, which the model's own loader adapts or fairseq refuses)."""

@@ -106,6 +106,22 @@ class ClusterFormerQAModel(RobertaModel):
         self.qa_heads.apply(init_bert_params)
         self.pretrained_dict_path = None  # the pretrained dict.txt while a RoBERTa state dict is being loaded
 
+    @classmethod
+    def hub_models(cls):
+        # RoBERTa's names point at fairseq's RoBERTa checkpoints: none of them is a QA model
+        return {}
+
+    @classmethod
+    def from_pretrained(
+        cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=None, cpu=False, **kwargs
+    ):
+        """fairseq's hub convention for a trained checkpoint: returns a ``qa/hub.py`` interface whose
+        ``answer(question, context)`` gives answers with their character spans (``qa/hub_loading.py`` says where the
+        data folder and the tokeniser are found). ``max_context_eval`` / ``max_answer_tokens`` override the task's."""
+        from fairseq_clusterformer.qa.hub_loading import load_hub  # that module builds this class's checkpoints
+
+        return load_hub(model_name_or_path, checkpoint_file, data_name_or_path, cpu, **kwargs)
+
     @staticmethod
     def add_args(parser):
         RobertaModel.add_args(parser)

@@ -16,19 +16,10 @@ import torch
 from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY, FairseqLanguageModel
 
+from fairseq_clusterformer.checkpoints.model_fit import checkpoint_arch
 from fairseq_clusterformer.layers.centroid_check import naming_checkpoint
 from fairseq_clusterformer.lm.model import ClusterFormerLanguageModel
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
-
-
-def checkpoint_arch(state: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(--arch, --task) a checkpoint was trained with; fairseq < 0.10 checkpoints keep them in ``args``."""
-    args = state.get("args")
-    if args is not None:
-        return getattr(args, "arch", None), getattr(args, "task", None)
-    cfg = state.get("cfg") or {}
-    model, task = cfg.get("model"), cfg.get("task")
-    return getattr(model, "_name", None), getattr(task, "_name", None)
 
 
 def describe_kind(arch: str | None) -> str:

@@ -147,6 +147,38 @@ class SentencePieceTokenizer:
 TOKENIZERS = ("gpt2", "sentencepiece", "hf")
 
 
+# the files (or, for "hf", the directory) each tokeniser's config records, by its key in qa_config.json
+TOKENIZER_FILES = {"gpt2": ("encoder_json", "vocab_bpe"), "sentencepiece": ("sentencepiece_model",), "hf": ("hf_dir",)}
+HF_DIR_FILES = ("tokenizer.json", "hf_import.json")
+
+
+def locate_tokenizer_files(config: dict[str, str], folders: list[str]) -> dict[str, str]:
+    """``config`` (a ``qa_config.json``) with every tokeniser file found on this machine: where it records it, else
+    under the same name in one of ``folders`` (the data folder, the checkpoint's folder), where a copied or
+    downloaded model keeps it; the paths it records are those of the machine that binarised the data. For "hf" a
+    folder holding the import's files directly counts too. FileNotFoundError names the key and every place tried."""
+    found = dict(config)
+    for key in TOKENIZER_FILES.get(config.get("tokenizer"), ()):
+        recorded = str(config.get(key) or "")
+        is_dir = key == "hf_dir"
+        tried = [recorded] if recorded else []
+        for folder in folders:
+            tried += [os.path.join(folder, os.path.basename(recorded.rstrip("/")))] if recorded else []
+            tried += [folder] if is_dir else []
+        usable = [p for p in tried if (_holds_hf_files(p) if is_dir else os.path.isfile(p))]
+        if not usable:
+            raise FileNotFoundError(
+                f"qa_config.json's {key} {recorded!r} ({config.get('tokenizer')} tokeniser) is not on this machine; "
+                f"looked at {', '.join(dict.fromkeys(tried))}: copy it into the data folder"
+            )
+        found[key] = usable[0]
+    return found
+
+
+def _holds_hf_files(path: str) -> bool:
+    return os.path.isdir(path) and all(os.path.isfile(os.path.join(path, name)) for name in HF_DIR_FILES)
+
+
 def build_tokenizer(
     config: dict[str, str], dictionary: Dictionary
 ) -> GPT2BPETokenizer | SentencePieceTokenizer | HFTokenizer:

@@ -78,16 +78,12 @@ def gold_span_log_likelihood(
     return total.masked_fill(~has_gold, 0.0), has_gold
 
 
-def best_spans(
+def span_band_scores(
     start_logits: Tensor, end_logits: Tensor, valid: Tensor, max_length: int, segments: Tensor | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Highest start_logit[s] + end_logit[e] with s <= e < s + max_length, s and e valid and, given
-    ``segments`` (B x T ids, e.g. the paragraph of every token), s and e in the same segment: an answer never
-    runs across a paragraph boundary, whose marker would otherwise sit inside the predicted text.
-
-    Returns (starts B, ends B, scores B); a row with no valid position gets -inf and start = end = 0.
-    The candidates are a B x T x L band built by ``unfold``, so decoding a 10k-token context is one kernel.
-    """
+) -> Tensor:
+    """B x T x L scores of every span: [b, s, j] = start_logit[s] + end_logit[s + j], -inf where the span may not be
+    (s or e not valid, e beyond the context, s and e in different ``segments``). Built by ``unfold``, so a 10k-token
+    context is one kernel."""
     if max_length < 1:
         raise ValueError(f"the longest answer must be at least one token, got {max_length}")
     bsz, length = start_logits.shape
@@ -101,12 +97,44 @@ def best_spans(
         padded = torch.cat([segments, segments.new_full((bsz, width - 1), -1)], dim=1)  # B x (T+L-1)
         same = padded.unfold(1, width, 1) == segments[:, :, None]  # B x T x L
         scores = scores.masked_fill(~same, float("-inf"))
-    best, flat = scores.reshape(bsz, -1).max(dim=-1)  # B
-    starts = flat // width
-    ends = starts + flat % width
+    return scores
+
+
+def best_spans(
+    start_logits: Tensor, end_logits: Tensor, valid: Tensor, max_length: int, segments: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Highest start_logit[s] + end_logit[e] with s <= e < s + max_length, s and e valid and, given
+    ``segments`` (B x T ids, e.g. the paragraph of every token), s and e in the same segment: an answer never
+    runs across a paragraph boundary, whose marker would otherwise sit inside the predicted text.
+
+    Returns (starts B, ends B, scores B); a row with no valid position gets -inf and start = end = 0.
+    """
+    starts, ends, scores = top_spans(start_logits, end_logits, valid, max_length, 1, segments)
+    return starts[:, 0], ends[:, 0], scores[:, 0]
+
+
+def top_spans(
+    start_logits: Tensor, end_logits: Tensor, valid: Tensor, max_length: int, k: int, segments: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``k`` highest-scoring spans of every row under ``best_spans``' rules, best first: (starts B x k, ends
+    B x k, scores B x k); where a row has fewer than ``k`` spans the rest score -inf with start = end = 0."""
+    scores = span_band_scores(start_logits, end_logits, valid, max_length, segments)  # B x T x L
+    bsz, _, width = scores.shape
+    flat = scores.reshape(bsz, -1)  # B x (T*L)
+    if k == 1:
+        best, at = flat.max(dim=-1, keepdim=True)  # B x 1; the one best span, as validation has always decoded it
+    else:
+        best, at = flat.topk(min(k, flat.size(1)), dim=-1)  # B x k'
+    starts = at // width
+    ends = starts + at % width
     found = torch.isfinite(best)
     zero = torch.zeros_like(starts)
-    return torch.where(found, starts, zero), torch.where(found, ends, zero), best
+    starts, ends = torch.where(found, starts, zero), torch.where(found, ends, zero)
+    if best.size(1) < k:  # a context of fewer than k candidate spans: pad with none
+        pad = k - best.size(1)
+        starts, ends = (torch.cat([x, x.new_zeros(bsz, pad)], dim=1) for x in (starts, ends))
+        best = torch.cat([best, best.new_full((bsz, pad), float("-inf"))], dim=1)
+    return starts, ends, best
 
 
 def candidate_log_softmax(logits: Tensor, positions: Tensor) -> Tensor:
