@@ -91,6 +91,10 @@ def build(kind: str, args) -> torch.nn.Module:
 
     base, _, merge = kind.partition(":")
     merge = merge or "layer"
+    # "window-band": the sliding window as --sliding-windows band (each token and its l - 1 predecessors, one FFN
+    # pass per token), the pattern of benchmarks/gpu_check's FlexAttention reference
+    sliding = "band" if base == "window-band" else "overlap"
+    base = "window" if base == "window-band" else base
     settings = _filtered(
         LayerSettings,
         embed_dim=args.dim,
@@ -104,6 +108,7 @@ def build(kind: str, args) -> torch.nn.Module:
         attention_dropout=args.attention_dropout,
         activation_dropout=args.dropout,
         window_merge=merge,
+        sliding_windows=sliding,
     )
     long_range, _, causality = base.partition("-")
     plan = _filtered(

@@ -170,8 +170,8 @@ def test_the_flags_reach_every_layer_of_both_models(lm_data, qa_data):
     flags = ["--compile-layers", "on", "--attention-backend", "flex"]
     _, lm = build_lm(lm_data, *flags)
     assert [(layer.compile_mode, layer.attention_backend) for layer in lm.decoder.layers] == [("on", "flex")] * 4
-    _, lm = build_lm(lm_data)
-    assert {(layer.compile_mode, layer.attention_backend) for layer in lm.decoder.layers} == {("off", "eager")}
+    _, lm = build_lm(lm_data)  # the defaults
+    assert {(layer.compile_mode, layer.attention_backend) for layer in lm.decoder.layers} == {("auto", "eager")}
     _, qa = build_qa(qa_data, *flags)
     layers = qa.encoder.sentence_encoder.layers
     assert {(layer.compile_mode, layer.attention_backend) for layer in layers} == {("on", "flex")}

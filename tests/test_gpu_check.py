@@ -98,10 +98,11 @@ def test_each_part_recorded_its_figures(gpu_check):
     model, markdown = read(out, "model")
     lengths = model["settings"]["lengths"]
     timed = [(c["model"], c["variant"], c["length"]) for c in model["cases"] if c.get("tokens_per_s", 0) > 0]
+    # "auto", the default --compile-layers, runs eager on the CPU
     for name, variant in [
-        ("cluster", "eager"),
+        ("cluster", "auto"),
         ("cluster", "compiled"),
-        ("window", "eager"),
+        ("window", "auto"),
         ("transformer_lm", "eager"),
     ]:
         assert [t for m, v, t in timed if (m, v) == (name, variant)] == lengths, (name, variant)
@@ -214,3 +215,61 @@ def test_every_train_schedule_stops_while_a_refresh_is_in_flight(size, tmp_path)
     started = stop // interval * interval  # refreshes start at every multiple of the interval
     assert 0 < started <= stop < started + delay <= updates, (size, interval, delay, stop, updates)
     assert args[args.index("--save-interval-updates") + 1] == str(stop)
+
+
+# the next lent GPU's one call, as benchmarks/gpu_check/README.md gives it (docs/gpu_speed.md repeats it)
+NEXT_RUN = re.compile(r"run\(command='GPU_CHECK_ARGS=\"([^\"]+)\" bash benchmarks/gpu_check/device_run\.sh'")
+
+
+def next_run_args() -> str:
+    readme = (REPO / "benchmarks" / "gpu_check" / "README.md").read_text()
+    args = NEXT_RUN.search(readme.split("## The next GPU run", 1)[1]).group(1)
+    assert f'GPU_CHECK_ARGS="{args}"' in (REPO / "docs" / "gpu_speed.md").read_text()
+    return args
+
+
+def test_the_next_gpu_run_fits_one_device_call():
+    driver = benchmark_module("gpu_check.__main__")
+    minutes = float(re.search(r"GPU_BUDGET_MINUTES:-([\d.]+)", DEVICE_RUN.read_text()).group(1))
+    args = driver.parse_args(["--budget-minutes", str(minutes), *next_run_args().split()])
+    modules = {part: benchmark_module(f"gpu_check.part_{part}") for part in args.parts.split(",")}
+    gpu = driver.torch.device("cuda")  # only compared, never used
+    assert driver.choose_size(args, gpu, modules) == "budget"
+    assert driver.estimate(modules, "budget", driver.options(args)) <= 0.95 * 60 * minutes
+    # device_run.sh stops the driver a minute past its budget: the call ends within 9 minutes and the device limit
+    assert minutes + 1 <= 9
+
+
+def test_the_next_gpu_run_dry_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "OUT"
+    env = dict(os.environ, OMP_NUM_THREADS="1", OUT=str(out), PYTHON=sys.executable, SKIP_INSTALL="1")
+    env["GPU_CHECK_ARGS"] = f"--device cpu {next_run_args()}"
+    proc = subprocess.run(["bash", str(DEVICE_RUN)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with tarfile.open(out / "gpu-check.tgz") as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    results = tmp_path / "unpacked" / "results"
+    parts = json.loads((results / "summary.json").read_text())["parts"]
+    assert [parts[p]["status"] for p in ("train", "model", "layers")] == ["skipped", "ok", "ok"], parts
+    train, _ = read(results, "train")  # --fp16 needs a GPU: recorded as skipped, not failed
+    assert [(r["flag"], r["skipped"][:15]) for r in train["runs"]] == [("--fp16", "skipped on cpu:")]
+    model, _ = read(results, "model")
+    timed = {(c["model"], c["variant"]) for c in model["cases"] if c.get("tokens_per_s", 0) > 0}
+    assert {("cluster", "auto"), ("window", "auto"), ("transformer_lm", "eager")} <= timed
+    layers, markdown = read(results, "layers")
+    ours = {c["kind"] for c in layers["cases"]} - {"sdpa-band", "flex-window", "flash-window"}
+    assert ours == {"cluster-paper", "cluster-strict next values"}
+    compiled = [c for c in layers["cases"] if c["variant"] == "compiled"]
+    assert compiled and all(max(c["vs_eager"].values()) < 1e-3 for c in compiled)
+    profiled = {(c["kind"], c["variant"]): c for c in layers["profiles"]}
+    assert list(profiled) == [("window", "compiled"), ("window band", "compiled"), ("cluster-strict", "compiled")] + [
+        ("cluster-strict", "flex"),
+        ("flex-window", "eager"),
+    ]
+    for key in [("window", "compiled"), ("window band", "compiled"), ("cluster-strict", "compiled")]:
+        summary = profiled[key]["profile"]
+        assert summary["calls_per_pass"] > 0 and summary["top"][0]["ms"] > 0, key
+    assert all(
+        "FlexAttention" in profiled[k]["skipped"] for k in [("cluster-strict", "flex"), ("flex-window", "eager")]
+    )
+    assert "## Profile at T = " in markdown and "--profile-layers" in (results / "summary.md").read_text()

@@ -11,7 +11,7 @@ from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from tests.conftest import PACKAGE
 
 
-def build(data, *extra, arch="clusterformer_lm_tiny"):
+def parse(data, *extra, arch="clusterformer_lm_tiny"):
     parser = options.get_training_parser()
     argv = [
         str(data),
@@ -29,8 +29,11 @@ def build(data, *extra, arch="clusterformer_lm_tiny"):
         "1000",
         *map(str, extra),
     ]
-    args = options.parse_args_and_arch(parser, argv)
-    cfg = convert_namespace_to_omegaconf(args)
+    return options.parse_args_and_arch(parser, argv)
+
+
+def build(data, *extra, arch="clusterformer_lm_tiny"):
+    cfg = convert_namespace_to_omegaconf(parse(data, *extra, arch=arch))
     task = tasks.setup_task(cfg.task)
     return task, task.build_model(cfg.model)
 

@@ -12,6 +12,7 @@ from fairseq_clusterformer.ops.clustering import (
     cluster_size_entropy,
     gather_tokens,
     inverse_permutation,
+    permute_tokens,
     stable_sort,
 )
 from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
@@ -74,6 +75,35 @@ def test_sort_and_unsort_are_inverse_and_stable():
     assert (sorted_keys[:, 1:] >= sorted_keys[:, :-1]).all()
     same = sorted_keys[:, 1:] == sorted_keys[:, :-1]
     assert (order[:, 1:] > order[:, :-1])[same].all(), "ties must keep position order"
+
+
+@pytest.mark.parametrize("shape", [(3, 50, 2), (2, 4, 30, 5)])  # B x T x C, and B x H x T x d per head
+def test_permuting_gives_the_gathers_values_and_gradients_without_a_scatter_add(shape):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    rows = torch.Size(shape[:-2]).numel()
+    order = torch.stack([torch.randperm(shape[-2]) for _ in range(rows)]).view(*shape[:-1])  # a permutation a row
+    inverse = inverse_permutation(order)
+    index = order[..., None].expand(shape)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(shape, dtype=torch.float64)
+    expected = torch.autograd.grad(torch.gather(x, -2, index), x, grad)[0]  # a gather's backward: a scatter-add
+    out = permute_tokens(x, order, inverse)
+    assert torch.equal(out, torch.gather(x, -2, index))
+    with Ops() as ops:
+        (got,) = torch.autograd.grad(out, x, grad)
+    assert torch.equal(got, expected)
+    assert not [n for n in ops.names if "scatter" in n], ops.names
+    assert torch.equal(permute_tokens(out, inverse, order), x)  # unsorted back
 
 
 def test_assignment_is_cosine_argmax_and_pads_go_last():

@@ -18,7 +18,7 @@ On a CPU the same parts run at tiny sizes (a few minutes; the test suite runs it
 that fails records its error and the others still run; the exit status is 1 if any part failed.
 
     .venv/bin/python benchmarks/gpu_check [--out DIR] [--parts tests,train,...] [--size tiny|budget|full]
-        [--budget-minutes N]
+        [--budget-minutes N] [--layer-kinds K,...] [--profile-layers] [--train-flags F,...]
 
 A call with ``--parts`` adds its parts to the summary an earlier call into the same ``--out`` wrote.
 
@@ -26,6 +26,10 @@ A call with ``--parts`` adds its parts to the summary an earlier call into the s
 expected seconds per size (``ESTIMATE_S``); the full sizes are kept when all the parts fit in N minutes, else the
 cut-down "budget" sizes run. Parts run in the order given; one whose estimate no longer fits in what is left is
 recorded as "skipped" (not failed), and subprocesses are stopped when the budget is spent.
+
+``--layer-kinds``, ``--profile-layers`` and ``--train-flags`` narrow the ``layers`` and ``train`` parts to the
+questions one lent GPU call can answer (``docs/gpu_speed.md``: the next GPU run); a part whose module has
+``estimate_s(size, options)`` states its expected seconds for them.
 """
 
 from __future__ import annotations
@@ -71,15 +75,40 @@ def parse_args(argv=None):
         type=float,
         help="run what fits in this many minutes: parts that no longer fit are recorded as skipped (default: no limit)",
     )
+    p.add_argument(
+        "--layer-kinds",
+        help="layers: only these of our kinds, eager, compiled and flex (e.g. cluster-paper,cluster-strict+next)",
+    )
+    p.add_argument(
+        "--profile-layers",
+        action="store_true",
+        help="layers: first a torch.profiler summary (top kernels) of the compiled and flex layers at the longest T",
+    )
+    p.add_argument("--train-flags", help="train: only these precision flags (e.g. fp16,amp)")
     args = p.parse_args(argv)
     if args.budget_minutes is not None and args.budget_minutes < 0:
         p.error(f"--budget-minutes {args.budget_minutes:g}: must be >= 0")
     return args
 
 
-def estimate(modules: dict, size: str) -> float:
-    """Expected seconds of the given parts at ``size`` (unknown parts, e.g. one that does not import: 0)."""
-    return sum(getattr(m, "ESTIMATE_S", {}).get(size, 0) for m in modules.values() if m is not None)
+def options(args) -> dict:
+    """The options that narrow parts (``Context.options``), without those left unset."""
+    given = {"layer_kinds": args.layer_kinds, "profile_layers": args.profile_layers, "train_flags": args.train_flags}
+    return {k: v for k, v in given.items() if v}
+
+
+def part_estimate(module, size: str, chosen: dict | None = None) -> float:
+    """Expected seconds of one part at ``size`` under the options ``chosen`` (a module that did not import: 0)."""
+    if module is None:
+        return 0
+    if hasattr(module, "estimate_s"):
+        return module.estimate_s(size, chosen or {})
+    return getattr(module, "ESTIMATE_S", {}).get(size, 0)
+
+
+def estimate(modules: dict, size: str, chosen: dict | None = None) -> float:
+    """Expected seconds of the given parts at ``size``."""
+    return sum(part_estimate(m, size, chosen) for m in modules.values())
 
 
 def choose_size(args, device: torch.device, modules: dict) -> str:
@@ -87,7 +116,7 @@ def choose_size(args, device: torch.device, modules: dict) -> str:
         return args.size
     if device.type != "cuda":
         return "tiny"
-    if args.budget_minutes is None or estimate(modules, "full") <= 60 * args.budget_minutes:
+    if args.budget_minutes is None or estimate(modules, "full", options(args)) <= 60 * args.budget_minutes:
         return "full"
     return "budget"
 
@@ -110,6 +139,15 @@ def main(argv=None) -> int:
             modules[part] = importlib.import_module(PARTS[part])
         except Exception as err:
             modules[part], import_errors[part] = None, (err, traceback.format_exc())
+    chosen = options(args)
+    for part, module in modules.items():
+        # a mistyped kind or flag is refused before a lent GPU's minutes are spent, naming the option
+        check = getattr(module, "check_options", None)
+        if check is not None:
+            try:
+                check(chosen)
+            except ValueError as err:
+                raise SystemExit(f"{part}: {err}") from None
     size = choose_size(args, device, modules)
     tiny = size == "tiny"
     out = args.out or (COMMITTED if not tiny else Path(tempfile.mkdtemp(prefix="gpu-check-")))
@@ -117,10 +155,10 @@ def main(argv=None) -> int:
         raise SystemExit(f"--out {out}: CPU or tiny-sized results would replace the GPU's; pass another --out")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="gpu-check-work-"))
     deadline = None if args.budget_minutes is None else started + 60 * args.budget_minutes
-    ctx = Context(out, work, device, tiny, machine(device), size, deadline)
+    ctx = Context(out, work, device, tiny, machine(device), size, deadline, chosen)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
-    expected = estimate(modules, size)
+    expected = estimate(modules, size, chosen)
     budget = "" if deadline is None else f", budget {args.budget_minutes:g} min (estimate {expected:.0f} s)"
     print(f"gpu-check on {ctx.machine['gpu']} ({size} sizes{budget}) -> {ctx.out_dir}", flush=True)
 
@@ -131,7 +169,7 @@ def main(argv=None) -> int:
     for part in parts:
         start, title = time.perf_counter(), part
         module = modules[part]
-        expected = getattr(module, "ESTIMATE_S", {}).get(size, 0)
+        expected = part_estimate(module, size, chosen)
         if ctx.seconds_left() < expected or ctx.seconds_left() <= 0:
             # not a failure: the part was not started, so that the run ends inside its budget
             why = f"skipped: budget ({max(ctx.seconds_left(), 0):.0f} s left, the part needs about {expected:.0f} s)"
@@ -164,10 +202,12 @@ def main(argv=None) -> int:
         f"- **{p}** ({r['status']}, {r['seconds']} s): {r.get('headline') or r.get('error') or ''}"
         for p, r in summary.items()
     ]
+    given = [] if deadline is None else [f"--budget-minutes {args.budget_minutes:g}"]
+    given += [f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in chosen.items()]
     command = (
         "make gpu-check"
         + ("" if ctx.out_dir.resolve() == COMMITTED.resolve() else f" GPU_CHECK_OUT={ctx.out_dir}")
-        + ("" if deadline is None else f" GPU_CHECK_ARGS='--budget-minutes {args.budget_minutes:g}'")
+        + (f" GPU_CHECK_ARGS='{' '.join(given)}'" if given else "")
     )
     (ctx.out_dir / "summary.md").write_text(
         f"# gpu-check summary\n\n{machine_line(ctx.machine)}\n\n`{command}` ({size} sizes{budget}); "

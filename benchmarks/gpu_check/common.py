@@ -32,6 +32,8 @@ class Context:
     machine: dict  # `machine()`: written into every file
     size: str = ""  # "tiny", "budget" (cut to fit --budget-minutes) or "full"; "" means tiny or full as `tiny` says
     deadline: float | None = None  # time.monotonic() at which --budget-minutes is spent; None: no budget
+    # what narrows a run to some questions (``--layer-kinds``, ``--profile-layers``, ``--train-flags``): by option name
+    options: dict = dataclasses.field(default_factory=dict)
 
     @property
     def budget(self) -> bool:

@@ -20,23 +20,58 @@ import math
 import layer_scaling
 import torch
 
-from gpu_check import variants
+from gpu_check import kernel_profile, variants
 from gpu_check.common import Context, median, peak_bytes, time_step, verdict
+from gpu_check.layers_report import LINEAR_SLACK, TARGET_RATIO, WINDOW_TARGET_RATIO, ratio, render
 from gpu_check.reference_attention import IMPLEMENTATIONS, BandAttentionLayer, agreement, unavailable
 
 NAME = "layers"
 TITLE = "One layer's forward+backward: time and peak memory against T"
 OURS = {"window": "window", "cluster-strict": "cluster-strict", "cluster-paper": "cluster-paper"}
 OURS["cluster-strict next values"] = "cluster-strict+next"
-TARGET_RATIO, WINDOW_TARGET_RATIO, LINEAR_SLACK = 1.25, 1.1, 1.25
+# the sliding window as a band (--sliding-windows band): the reference's pattern, one FFN pass per token
+OURS["window band"] = "window-band"
 # the compiled variants of every size's kinds: budget keeps the two the targets name (CPU: plumbing only, one T)
 COMPILED_KINDS = {"tiny": ("window", "cluster-strict"), "budget": ("window", "cluster-strict"), "full": tuple(OURS)}
 # the compiled variants agree with eager to the precision's rounding (bf16: about 1e-2 relative), or they are wrong
 VARIANT_TOLERANCE = {"fp32": 1e-3, "bf16": 5e-2}
-# expected seconds per size: the eager kinds (7 kinds x T x precisions, 13-23 passes each; budget: 40 s on an H100
-# with 1 + 3 passes, 2026-11-27) plus one compile per compiled case (guessed 20 s on an H100's 16 cores: not yet
-# measured; budget: 2 kinds x 2 variants x 2 T = 8 compiles, full: 4 kinds x 2 variants x 3 T in bf16 = 24)
-ESTIMATE_S = {"tiny": 45, "budget": 45 + 8 * 20, "full": 600 + 24 * 20}
+# expected seconds per size: the eager kinds (8 kinds x T x precisions, 13-23 passes each; budget: 40 s on an H100
+# with 1 + 3 passes, 2026-11-27) plus one compile per compiled case (guessed 20 s; budget: 2 kinds x 2 variants x 2
+# T = 8 compiles, full: 5 kinds x 2 variants x 3 T in bf16 = 30). The H200's budget run took 122 s (2026-11-28)
+ESTIMATE_S = {"tiny": 45, "budget": 45 + 8 * 20, "full": 600 + 30 * 20}
+# --layer-kinds and --profile-layers: seconds per case, from the H200's budget run (14 eager cases with 3 + 10
+# passes and 8 compiled ones in 122 s: about 1.5 s and 12.5 s); the tiny CPU run takes a few seconds a case
+CASE_S = {"tiny": {"eager": 2, "compiled": 4}, "budget": {"eager": 1.5, "compiled": 12.5}}
+CASE_S["full"] = {"eager": 3, "compiled": 15}
+
+
+def chosen_kinds(options: dict) -> list[str] | None:
+    """``--layer-kinds``: the display names of the chosen kinds (given by their build names, e.g. cluster-paper,
+    cluster-strict+next, window-band), or None for the size's kinds."""
+    given = options.get("layer_kinds")
+    if not given:
+        return None
+    by_build = {v: k for k, v in OURS.items()}
+    return [by_build[name.strip()] for name in given.split(",") if name.strip()]
+
+
+def check_options(options: dict) -> None:
+    given = [k.strip() for k in (options.get("layer_kinds") or "").split(",") if k.strip()]
+    unknown = [k for k in given if k not in OURS.values()]
+    if unknown or (options.get("layer_kinds") and not given):
+        raise ValueError(f"--layer-kinds {options['layer_kinds']!r}: expected some of {list(OURS.values())}")
+
+
+def estimate_s(size: str, options: dict) -> float:
+    """Expected seconds: ``ESTIMATE_S``, or per case for ``--layer-kinds`` and ``--profile-layers``."""
+    kinds = chosen_kinds(options)
+    if kinds is None and not options.get("profile_layers"):
+        return ESTIMATE_S[size]
+    lengths = 3 if size == "full" else 2
+    per = CASE_S[size]
+    seconds = ESTIMATE_S[size] if kinds is None else 5 + lengths * (len(kinds) + 2) * per["eager"]
+    seconds += 0 if kinds is None else lengths * len(kinds) * 2 * per["compiled"]
+    return seconds + (len(kernel_profile.PROFILED) * per["compiled"] if options.get("profile_layers") else 0)
 
 
 def shape(ctx: Context) -> argparse.Namespace:
@@ -59,9 +94,8 @@ def build(kind: str, args) -> torch.nn.Module:
     return layer_scaling.build(base, argparse.Namespace(**{**vars(args), "long_range_values": values or "own"}))
 
 
-def measure(ctx: Context, kind: str, variant: str, length: int, precision: str, args) -> dict:
-    """Median seconds per forward+backward and peak bytes (GPU only) of one case; a compiled variant's difference
-    from the eager layer."""
+def case_step(ctx: Context, kind: str, variant: str, length: int, precision: str, args):
+    """(layer, input, one forward+backward pass, how the variant compiles) of one case."""
     torch.manual_seed(1)
     layer = build(kind, args).to(ctx.device).train()
     compiled_with = "" if kind in IMPLEMENTATIONS else variants.apply(layer.modules(), variant, ctx.device)
@@ -77,6 +111,13 @@ def measure(ctx: Context, kind: str, variant: str, length: int, precision: str, 
         out.backward(grad.to(out.dtype))
         return out.detach().float()
 
+    return layer, x, step, compiled_with
+
+
+def measure(ctx: Context, kind: str, variant: str, length: int, precision: str, args) -> dict:
+    """Median seconds per forward+backward and peak bytes (GPU only) of one case; a compiled variant's difference
+    from the eager layer."""
+    layer, x, step, compiled_with = case_step(ctx, kind, variant, length, precision, args)
     times = time_step(step, ctx.device, args.warmup, args.repeats)
     record = {"median_s": median(times), "times_s": times}
     if compiled_with:
@@ -93,7 +134,8 @@ def measure(ctx: Context, kind: str, variant: str, length: int, precision: str, 
     return record
 
 
-def run_case(ctx: Context, kind: str, variant: str, length: int, precision: str, args) -> dict:
+def run_case(ctx: Context, kind: str, variant: str, length: int, precision: str, args, profiled=False) -> dict:
+    """One case timed (``measure``), or with ``profiled`` its kernels summarised (``kernel_profile``)."""
     case = {"kind": kind, "variant": variant, "length": length, "precision": precision}
     if kind in IMPLEMENTATIONS:
         why = unavailable(kind, ctx.device, precision == "bf16")
@@ -105,6 +147,9 @@ def run_case(ctx: Context, kind: str, variant: str, length: int, precision: str,
         return {**case, "skipped": "skipped: budget spent"}
     variants.reset()  # every compiled case compiles for its own shape, as a fixed-length training run does
     try:
+        if profiled:
+            step = case_step(ctx, kind, variant, length, precision, args)[2]
+            return {**case, "profile": kernel_profile.profile_step(step, ctx.device)}
         return {**case, **measure(ctx, kind, variant, length, precision, args)}
     except torch.cuda.OutOfMemoryError:
         return {**case, "skipped": "out of GPU memory"}
@@ -119,11 +164,12 @@ def plan(ctx: Context, args, precisions: list[str]) -> list[tuple[str, str, int,
     """(kind, variant, T, precision) of every case: eager kinds and references at every T and precision; the
     compiled variants of the size's kinds in bf16 (fp32 on a CPU), at the first T only on a CPU."""
     size = "tiny" if ctx.tiny else ("budget" if ctx.budget else "full")
-    cases = [(k, "eager", t, p) for p in precisions for k in [*OURS, *IMPLEMENTATIONS] for t in args.lengths]
+    kinds = chosen_kinds(ctx.options)
+    cases = [(k, "eager", t, p) for p in precisions for k in [*(kinds or OURS), *IMPLEMENTATIONS] for t in args.lengths]
     lengths = args.lengths[:1] if ctx.device.type != "cuda" else args.lengths
     cases += [
         (kind, variant, length, precisions[-1])
-        for kind in COMPILED_KINDS[size]
+        for kind in (kinds or COMPILED_KINDS[size])
         for variant in ("compiled", "flex")
         for length in lengths
     ]
@@ -143,7 +189,7 @@ def analyse(cases: list[dict], args, precision: str, full: bool) -> dict:
         if reference is None:
             continue
         row = {}
-        for kind in ("cluster-strict", "window"):
+        for kind in OURS:
             per_variant = {
                 v: timed[kind, v, length]["median_s"] / reference["median_s"]
                 for v in variants.VARIANTS
@@ -185,6 +231,11 @@ def run(ctx: Context) -> tuple[dict, str]:
     args = shape(ctx)
     # bf16 is the precision the targets are read in; a budget run measures only that one
     precisions = (["bf16"] if ctx.budget else ["fp32", "bf16"]) if ctx.device.type == "cuda" else ["fp32"]
+    # the profile first: with --profile-layers it is the question of the run, the timings of other kinds come after
+    profiles = [
+        run_case(ctx, kind, variant, args.lengths[-1], precisions[-1], args, profiled=True)
+        for kind, variant in (kernel_profile.PROFILED if ctx.options.get("profile_layers") else [])
+    ]
     cases = [run_case(ctx, *case, args) for case in plan(ctx, args, precisions)]
     variants.reset()
     full = not ctx.tiny and ctx.device.type == "cuda"
@@ -204,7 +255,9 @@ def run(ctx: Context) -> tuple[dict, str]:
         for name, value in c.get("vs_eager", {}).items()
         if not value <= VARIANT_TOLERANCE[c["precision"]]
     ]
-    missing = [k for k in OURS if not any(c["kind"] == k and "median_s" in c for c in cases)]
+    errors += [f"profile of {c['kind']} ({c['variant']}): {c['error']}" for c in profiles if "error" in c]
+    kinds = chosen_kinds(ctx.options) or list(OURS)
+    missing = [k for k in kinds if not any(c["kind"] == k and "median_s" in c for c in cases)]
     errors += [f"{k}: no case ran" for k in missing]
     head = analysis[precisions[-1]]
     worst = {
@@ -219,6 +272,7 @@ def run(ctx: Context) -> tuple[dict, str]:
         f"; linear in T: {verdict(head['linear_target_met'])}",
         "shape": {k: v for k, v in vars(args).items()},
         "cases": cases,
+        "profiles": profiles,
         "references_vs_sdpa_band_max_abs": agree,
         "analysis": {p: {**a, "ratios": {str(t): r for t, r in a["ratios"].items()}} for p, a in analysis.items()},
         "errors": errors,
@@ -227,61 +281,7 @@ def run(ctx: Context) -> tuple[dict, str]:
         "References against `sdpa-band` with the same weights (forward, largest absolute difference): "
         + ", ".join(f"{k} {v:.2e}" if isinstance(v, float) else f"{k}: {v}" for k, v in agree.items())
     )
-    return record, render(cases, analysis, args, precisions) + "\n\n" + agree_line
-
-
-def ratio(value: float) -> str:
-    return "n/a (no FlexAttention timing)" if math.isnan(value) else f"{value:.2f}x"
-
-
-def cell(c: dict | None) -> str:
-    if c is None:
-        return ""
-    if "median_s" not in c:
-        return c.get("skipped") or f"error: {c['error'][:120]}"
-    peak = f"{c['peak_bytes'] / 2**20:.0f}" if c["peak_bytes"] is not None else "n/a (cpu)"
-    text = f"{c['median_s'] * 1000:.2f} / {peak}"
-    if "vs_eager" in c:
-        text += f" (vs eager {c['vs_eager']['output']:.0e})"
-    return text
-
-
-def render(cases, analysis, args, precisions) -> str:
-    parts = [
-        __doc__.split("\n\n", 1)[1].strip(),
-        f"Shape: C = {args.dim}, {args.heads} heads, FFN {args.ffn}, window {args.window} / stride {args.stride}, "
-        f"{args.clusters} clusters, strict mode's {args.groups} groups; T = {', '.join(map(str, args.lengths))}. "
-        "`bf16` runs the pass under `torch.autocast(bfloat16)` (what `--amp` does); `fp32` without autocast. "
-        "A compiled variant's cell ends with its output's relative difference from the eager layer's.",
-    ]
-    for precision in precisions:
-        header = "| kind | variant | " + " | ".join(f"T = {t}: ms / peak MiB" for t in args.lengths) + " |"
-        rows = [header, "|" + " --- |" * (len(args.lengths) + 2)]
-        found = {(c["kind"], c["variant"], c["length"]): c for c in cases if c["precision"] == precision}
-        for kind, variant in dict.fromkeys((k, v) for k, v, _ in found):
-            cells = [cell(found.get((kind, variant, length))) for length in args.lengths]
-            rows.append(f"| {kind} | {variant} | " + " | ".join(cells) + " |")
-        a = analysis[precision]
-        ratio_lines = [
-            f"- T = {t}: {kind} = {r['ratio']:.2f}x ({r['best_variant']}; "
-            + ", ".join(f"{v} {x:.2f}x" for v, x in r["variants"].items())
-            + ")"
-            for t, row in a["ratios"].items()
-            for kind, r in row.items()
-        ]
-        growth_lines = [
-            f"- {k}: time x{g['time_x']:.2f} (exponent {g['time_exponent']:.2f})"
-            + (f", peak memory x{g['memory_x']:.2f}" if "memory_x" in g else "")
-            + f" for T x{g['length_x']:.2f}: {'linear' if g['linear'] else 'NOT linear'}"
-            for k, g in a["growth"].items()
-        ]
-        parts += [
-            f"## {precision}",
-            "\n".join(rows),
-            "Targets, each kind in its fastest variant against FlexAttention's sliding window (`flex-window`) at "
-            f"every T: cluster strict <= {TARGET_RATIO}x **{verdict(a['ratio_target_met'])}**; our sliding window <= "
-            f"{WINDOW_TARGET_RATIO}x **{verdict(a['window_target_met'])}**\n\n" + "\n".join(ratio_lines),
-            f"Target every kind of ours linear in T (time and memory growth <= {LINEAR_SLACK}x the growth of T): "
-            f"**{verdict(a['linear_target_met'])}**\n\n" + "\n".join(growth_lines),
-        ]
-    return "\n\n".join(parts)
+    markdown = render(cases, analysis, args, precisions, __doc__.split("\n\n", 1)[1].strip()) + "\n\n" + agree_line
+    if profiles:
+        markdown += "\n\n" + kernel_profile.render(profiles, args.lengths[-1])
+    return record, markdown

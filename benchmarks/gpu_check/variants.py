@@ -13,8 +13,9 @@ import torch
 from fairseq_clusterformer.layers.compiled import COMPILE_OPTIONS, configure_layers
 from fairseq_clusterformer.ops.flex_windows import flex_unavailable
 
-# variant -> (--compile-layers, --attention-backend)
-VARIANTS = {"eager": ("off", "eager"), "compiled": ("on", "eager"), "flex": ("on", "flex")}
+# variant -> (--compile-layers, --attention-backend); "auto" is what the flags' defaults give (compiled on CUDA,
+# eager elsewhere)
+VARIANTS = {"eager": ("off", "eager"), "compiled": ("on", "eager"), "flex": ("on", "flex"), "auto": ("auto", "eager")}
 
 
 def unavailable(variant: str, device: torch.device) -> str:
@@ -29,10 +30,11 @@ def unavailable(variant: str, device: torch.device) -> str:
 def apply(modules, variant: str, device: torch.device) -> str:
     """Set ``variant`` on every windowed layer among ``modules``; returns how it compiles ('' for eager)."""
     compile_mode, backend = VARIANTS[variant]
-    if compile_mode != "off" and device.type != "cuda":
+    compiles = compile_mode == "on" or (compile_mode == "auto" and device.type == "cuda")
+    if compiles and device.type != "cuda":
         COMPILE_OPTIONS["backend"] = "aot_eager"
     configure_layers(modules, compile_mode, backend)
-    return "" if compile_mode == "off" else COMPILE_OPTIONS.get("backend", "inductor")
+    return COMPILE_OPTIONS.get("backend", "inductor") if compiles else ""
 
 
 def reset() -> None:

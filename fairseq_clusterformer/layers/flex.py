@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from fairseq_clusterformer.layers.settings import LayerSettings, check_choice
-from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation
+from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation, permute_tokens
 from fairseq_clusterformer.ops.flex_windows import band_attention, copy_weights, flex_unavailable, window_attention
 
 ATTENTION_BACKENDS = ("eager", "flex")
@@ -86,9 +86,10 @@ def flex_windows_forward(layer, x: Tensor, padding_mask: Tensor | None, order: T
     """``WindowedTransformerLayer.run_windows`` of a paper-mode (or bidirectional) long-range layer: overlapping
     windows of the sequence sorted by ``order`` (B x T)."""
     _check_call(layer, x)
+    inverse = inverse_permutation(order)  # B x T
     valid = gather_tokens(_valid(x, padding_mask), order)  # B x T, sorted
-    out = _overlapping_windows(layer, gather_tokens(x, order), valid, order)  # B x T x C, sorted
-    return gather_tokens(out, inverse_permutation(order))
+    out = _overlapping_windows(layer, permute_tokens(x, order, inverse), valid, order)  # B x T x C, sorted
+    return permute_tokens(out, inverse, order)
 
 
 def _overlapping_windows(layer, x: Tensor, valid: Tensor, positions: Tensor) -> Tensor:

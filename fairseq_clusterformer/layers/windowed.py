@@ -21,7 +21,7 @@ from fairseq_clusterformer.layers.compiled import compilable
 from fairseq_clusterformer.layers.flex import flex_sliding_forward
 from fairseq_clusterformer.layers.settings import SLIDING_WINDOW_CHOICES, WINDOW_MERGE_CHOICES, LayerSettings
 from fairseq_clusterformer.ops.attention import masked_attention, next_value_attention
-from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation
+from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation, permute_tokens
 from fairseq_clusterformer.ops.step_cache import gather_rows, push_recent, push_rows, ring_filled, step_window_mask
 from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
 
@@ -89,7 +89,8 @@ class WindowedTransformerLayer(nn.Module):
         if order is None:
             positions = torch.arange(length, device=x.device).expand(bsz, length)  # B x T
         else:
-            x, valid, positions = gather_tokens(x, order), gather_tokens(valid, order), order  # sorted
+            inverse = inverse_permutation(order)  # B x T
+            x, valid, positions = permute_tokens(x, order, inverse), gather_tokens(valid, order), order  # sorted
         allowed = scheme.mask(positions, valid, s.causal, ids).flatten(0, 1)  # (B*K) x Lq x Lk
 
         h = self.self_attn_layer_norm(x) if s.normalize_before else x
@@ -109,7 +110,7 @@ class WindowedTransformerLayer(nn.Module):
             y = self._finish(scheme.queries(x).flatten(0, 1), self.self_attn.out_proj(attn))  # (B*K) x Lq x C
             out = scheme.merge(y.view(bsz, scheme.count, -1, channels))  # B x T x C
         if order is not None:
-            out = gather_tokens(out, inverse_permutation(order))
+            out = permute_tokens(out, inverse, order)
         return out
 
     def run_band(
@@ -156,8 +157,8 @@ class WindowedTransformerLayer(nn.Module):
                 order = torch.arange(length, device=x.device).expand(bsz, length)  # B x T, positions as they are
                 allowed = scheme.mask(order, valid, True, sorted_groups[j]).flatten(0, 1)
             else:
-                order = orders[j]  # B x T
-                part = gather_tokens(part, order)  # sorted
+                order, inverse = orders[j], inverse_permutation(orders[j])  # B x T each
+                part = permute_tokens(part, order, inverse)  # sorted
                 allowed = scheme.mask(order, gather_tokens(valid, order), True, sorted_groups[j]).flatten(0, 1)
             q = scheme.queries(part[:, :, 0]).flatten(0, 1)  # (B*K) x m x C/n
             k = scheme.keys(part[:, :, 1]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
@@ -172,7 +173,7 @@ class WindowedTransformerLayer(nn.Module):
                 v = scheme.keys(part[:, :, 2]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
                 attn = masked_attention(q, k, v, allowed, s.heads // sets, attn_dropout)  # (B*K) x m x C/n
             attn = scheme.merge(attn.view(bsz, scheme.count, -1, width))  # B x T x C/n, sorted
-            outs.append(attn if orders is None else gather_tokens(attn, inverse_permutation(order)))  # input order
+            outs.append(attn if orders is None else permute_tokens(attn, inverse, order))  # input order
         return self._finish(x, proj.out_proj(torch.cat(outs, dim=-1)))  # B x T x C
 
     @property

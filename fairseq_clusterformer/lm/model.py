@@ -19,7 +19,7 @@ from fairseq.utils import safe_getattr
 
 from fairseq_clusterformer.checkpoints.dictionary import check_dictionary, dictionary_file, record_dictionary
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
-from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, configure_layers
+from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE, configure_layers
 from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     CAUSALITY_CHOICES,
@@ -108,10 +108,11 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
         },
     )
     compile_layers: ChoiceEnum(COMPILE_CHOICES) = field(
-        default="off",
+        default=DEFAULT_COMPILE,
         metadata={
-            "help": "run every windowed and long-range layer's forward through torch.compile(fullgraph=True) ('auto': "
-            "on CUDA only); the cached one-token generation step stays eager. See docs/gpu_speed.md"
+            "help": "run every windowed and long-range layer's forward through torch.compile(fullgraph=True) "
+            "('auto', the default: on CUDA only, eager on a CPU); the cached one-token generation step stays eager. "
+            "See docs/gpu_speed.md"
         },
     )
     attention_backend: ChoiceEnum(ATTENTION_BACKENDS) = field(
@@ -252,7 +253,7 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
         model = cls(decoder)
         configure_layers(
             model.modules(),
-            str(safe_getattr(args, "compile_layers", "off")),
+            str(safe_getattr(args, "compile_layers", DEFAULT_COMPILE)),
             str(safe_getattr(args, "attention_backend", "eager")),
         )
         record_dictionary(model, dictionary, dictionary_file(task))

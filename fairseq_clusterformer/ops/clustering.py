@@ -40,9 +40,39 @@ def stable_sort(keys: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def inverse_permutation(order: Tensor) -> Tensor:
-    """Inverse of a batch of permutations (B x T): ``gather(gather(x, order), inverse) == x``."""
-    positions = torch.arange(order.size(1), device=order.device).expand_as(order)  # B x T
-    return torch.empty_like(order).scatter_(1, order, positions)
+    """Inverse of a batch of permutations along the last dim (B x T, or B x H x T):
+    ``gather(gather(x, order), inverse) == x``."""
+    positions = torch.arange(order.size(-1), device=order.device).expand_as(order)  # like order
+    return torch.empty_like(order).scatter_(-1, order, positions)
+
+
+def _spread(order: Tensor, x: Tensor) -> Tensor:
+    """order (the leading dims of x) broadcast over x's further dims, as ``torch.gather`` takes an index."""
+    extra = x.dim() - order.dim()
+    return order.reshape(*order.shape, *([1] * extra)).expand(*order.shape, *x.shape[order.dim() :])
+
+
+class _Permutation(torch.autograd.Function):
+    """``x`` gathered along ``order``'s last dim by the permutation ``order``; its gradient gathered back by the
+    permutation's ``inverse``. A gather's own backward is a scatter-add into zeros: on a GPU atomic adds (and under
+    ``torch.use_deterministic_algorithms`` a slower sorted path), on a CPU a serial loop, though no two positions of a
+    permutation ever meet; a gather by the inverse gives the same gradient without them."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
+        ctx.save_for_backward(inverse)
+        return torch.gather(x, order.dim() - 1, _spread(order, x))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (inverse,) = ctx.saved_tensors
+        return torch.gather(grad, inverse.dim() - 1, _spread(inverse, grad)), None, None
+
+
+def permute_tokens(x: Tensor, order: Tensor, inverse: Tensor) -> Tensor:
+    """x[b, order[b, t]] for x of shape B x T x ... and a permutation order B x T (or x[b, h, order[b, h, t]] for
+    x: B x H x T x ... and order B x H x T), whose backward is a gather by ``inverse`` (``inverse_permutation``)."""
+    return _Permutation.apply(x, order, inverse)
 
 
 def gather_tokens(x: Tensor, order: Tensor) -> Tensor:

@@ -24,6 +24,7 @@ import math
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.ops.clustering import inverse_permutation, permute_tokens
 from fairseq_clusterformer.ops.tracing import is_compiling
 
 BLOCK = 128  # FlexAttention's default sparse block: the GPU kernels' tile
@@ -131,11 +132,6 @@ def heads_last(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(bsz, length, heads * dim)
 
 
-def gather_per_head(x: Tensor, index: Tensor) -> Tensor:
-    """x: B x H x T x d, index: B x H x T -> x[b, h, index[b, h, t]]."""
-    return torch.gather(x, 2, index.unsqueeze(-1).expand(-1, -1, -1, x.size(-1)))
-
-
 def band_attention(
     q: Tensor,
     k: Tensor,
@@ -163,7 +159,8 @@ def band_attention(
         same_group = None
     else:
         index = orders.permute(1, 0, 2).repeat_interleave(per_set, dim=1)  # B x H x T: each head's set order
-        parts = [gather_per_head(t, index) for t in parts]  # sorted per head set
+        inverse = inverse_permutation(index)  # B x H x T
+        parts = [permute_tokens(t, index, inverse) for t in parts]  # sorted per head set
         sorted_valid = torch.gather(valid[None].expand(sets, -1, -1), 2, orders).transpose(0, 1)  # B x n x T
         same_group = groups.transpose(0, 1).contiguous()  # B x n x T, sorted order
     sorted_valid = sorted_valid.contiguous()
@@ -189,8 +186,7 @@ def band_attention(
         out = (mixed.to(acc) * w_mixed[..., None] + own_v.to(acc) * w_own[..., None]) / (w_mixed + w_own)[..., None]
         out = out.to(q.dtype)
     if orders is not None:
-        inverse = torch.empty_like(index).scatter_(2, index, torch.arange(length, device=q.device).expand_as(index))
-        out = gather_per_head(out, inverse)  # back in the input order
+        out = permute_tokens(out, inverse, index)  # back in the input order
     return heads_last(out)
 
 

@@ -25,7 +25,7 @@ from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
-from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, configure_layers
+from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE, configure_layers
 from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     LONG_RANGE_CHOICES,
@@ -138,7 +138,9 @@ class ClusterFormerQAModel(RobertaModel):
         parser.add_argument("--num-clusters", type=int, help="clusters (or LSH buckets) per long-range layer")
         parser.add_argument("--window-merge", choices=WINDOW_MERGE_CHOICES, help="what overlapping windows average")
         parser.add_argument(
-            "--compile-layers", choices=COMPILE_CHOICES, help="torch.compile the layers' forward (docs/gpu_speed.md)"
+            "--compile-layers",
+            choices=COMPILE_CHOICES,
+            help="torch.compile the layers' forward; 'auto' (the default): on CUDA only (docs/gpu_speed.md)",
         )
         parser.add_argument(
             "--attention-backend",
@@ -246,7 +248,7 @@ def _window_defaults(
         max_positions=positions,
         roberta_path=None,
         roberta_dict=None,
-        compile_layers="off",
+        compile_layers=DEFAULT_COMPILE,
         attention_backend="eager",
     )
 
