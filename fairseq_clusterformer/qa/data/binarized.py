@@ -32,7 +32,7 @@ from fairseq_clusterformer.qa.data.context_text import (
     span_text_from_offsets,
 )
 from fairseq_clusterformer.qa.data.encode import EncodedExample
-from fairseq_clusterformer.qa.data.tokenizers import PARAGRAPH_TOKEN, build_tokenizer
+from fairseq_clusterformer.qa.data.tokenizers import PARAGRAPH_TOKEN, build_tokenizer, located
 
 CONFIG = "qa_config.json"
 
@@ -142,7 +142,7 @@ class QABinarizedSplit:
     def tokenizer(self):
         """The tokeniser the split was written with (built on first use: GPT-2 BPE takes a second to load)."""
         if self._tokenizer is None:
-            self._tokenizer = build_tokenizer(self.config, self.dictionary)
+            self._tokenizer = build_tokenizer(located(self.config, self.data_dir), self.dictionary)
         return self._tokenizer
 
     def context_offsets(self, i: int) -> torch.Tensor:

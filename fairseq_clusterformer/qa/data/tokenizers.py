@@ -145,6 +145,38 @@ class SentencePieceTokenizer:
 
 
 TOKENIZERS = ("gpt2", "sentencepiece", "hf")
+# the files (or, for hf, the folder) a tokeniser is built from, as qa_config.json records them
+TOKENIZER_FILES = ("sentencepiece_model", "encoder_json", "vocab_bpe", "hf_dir")
+
+
+def moved_here(recorded: str, data_dir: str) -> list[str]:
+    """Where a tokeniser file recorded as ``recorded`` may be once its data folder was moved (another machine, a fresh
+    clone): in the data folder itself, or in the folder of the same name beside it (``prepare_common.sh``'s
+    ``OUT/bin`` and ``OUT/spm``)."""
+    name, folder = os.path.basename(recorded.rstrip("/")), os.path.basename(os.path.dirname(recorded.rstrip("/")))
+    parent = os.path.dirname(os.path.abspath(data_dir))
+    return [os.path.join(data_dir, name), os.path.join(parent, folder, name)]
+
+
+def located(config: dict[str, str], data_dir: str) -> dict[str, str]:
+    """``config`` with every tokeniser file that no longer exists where it was recorded replaced by the one found
+    beside the data folder (``moved_here``); none found: an error naming the file, the folder and every place tried.
+    The absolute paths a binarisation records exist only on the machine that made it."""
+    config = dict(config)
+    for key in TOKENIZER_FILES:
+        recorded = config.get(key)
+        if not recorded or os.path.exists(recorded):
+            continue
+        tried = moved_here(recorded, data_dir)
+        found = [path for path in tried if os.path.exists(path)]
+        if not found:
+            raise FileNotFoundError(
+                f"{os.path.join(data_dir, 'qa_config.json')} records the tokeniser's {key} as {recorded}, which does "
+                f"not exist here (the data folder was made on another machine or moved?); not found at "
+                f"{' or '.join(tried)} either: copy it into the data folder"
+            )
+        config[key] = found[0]
+    return config
 
 
 def build_tokenizer(
