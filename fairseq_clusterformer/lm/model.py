@@ -18,8 +18,9 @@ from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
 from fairseq_clusterformer.checkpoints.dictionary import check_dictionary, dictionary_file, record_dictionary
+from fairseq_clusterformer.layers.build import configure_layers
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
-from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, configure_layers
+from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES
 from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     CAUSALITY_CHOICES,
@@ -193,6 +194,9 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
     """``ClusterFormerLanguageModel.from_pretrained(checkpoint_dir, "checkpoint_best.pt", data_name_or_path=data_bin)``
     (fairseq's own loader) returns fairseq's ``GeneratorHubInterface``: ``lm.sample(text)``, ``lm.score(text)``,
     ``lm.generate(tokens)`` as for transformer_lm, generating from the decoder's cache."""
+
+    # what the console scripts call it
+    checkpoint_kind = "a Cluster-Former language-model (clusterformer_lm) checkpoint"
 
     @classmethod
     def hub_models(cls):
