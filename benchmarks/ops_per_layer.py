@@ -84,7 +84,7 @@ def kernel_calls(source: str) -> int:
 def count_compiled(kind: str, length: int, args) -> dict:
     from torch._inductor.utils import run_and_get_code
 
-    from fairseq_clusterformer.layers.compiled import configure_layers
+    from fairseq_clusterformer.layers.build import configure_layers
 
     layer, x = layer_and_input(kind, length, args)
     configure_layers([layer], "on", "eager")

@@ -21,7 +21,8 @@ ALLOWED = {
     "qa.formats": {"qa.data"},
     "qa.hf": set(),
     "qa": {"ops", "qa.ops", "qa.data", "layers", "refresh", "checkpoints", "compat"},
-    "scripts": {"ops", "layers", "lm", "qa", "checkpoints", "__init__"},
+    # the LM scripts and what every console script shares: the QA scripts import it, so it knows nothing of QA
+    "scripts": {"ops", "layers", "lm", "checkpoints", "__init__"},
     "qa.scripts": {"ops", "qa.ops", "qa.data", "qa.formats", "qa.hf", "qa", "layers", "checkpoints", "atomic_files",
                    "scripts", "__init__"},
     "__init__": {"compat", "lm", "qa"},
@@ -45,12 +46,11 @@ def room(module: str) -> str:
     return parts[0]
 
 
-def imports(path: Path, top_level_only: bool = False) -> list[str]:
+def imports(path: Path) -> list[str]:
     """The modules ``path`` imports (``from X import y`` names X.y when X.y is a module of the package)."""
     tree = ast.parse(path.read_text())
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
     found = []
-    for node in nodes:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -87,8 +87,9 @@ def test_each_room_imports_only_the_rooms_below_it():
 
 
 def test_no_module_imports_another_in_a_cycle():
+    # imports inside functions count: one put there to dodge a cycle at import time still ties the modules together
     graph = {
-        module: {name for name in imports(path, top_level_only=True) if name in MODULES and name != module}
+        module: {name for name in imports(path) if name in MODULES and name != module}
         for module, path in MODULES.items()
     }
     # a package imports its own sub-modules (registration); that is not a cycle of the code

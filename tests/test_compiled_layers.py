@@ -18,7 +18,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from fairseq_clusterformer.layers.compiled import configure_layers, wants_compile
+from fairseq_clusterformer.layers.build import configure_layers
+from fairseq_clusterformer.layers.compiled import wants_compile
 from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.sorted_window import SortedWindowLayer
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer

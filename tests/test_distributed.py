@@ -4,6 +4,9 @@ centroids; a run saved on two ranks resumes exactly on one, and a run saved by o
 The banks are sharded (every rank keeps its own states, merged on rank 0 by ``LayerBanks.gather`` before a refresh
 and before a save, as the task calls it): the merged bank must be the one process's."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -139,3 +142,22 @@ def test_rank_0_holds_one_process_banks_and_runs_resume_across_world_sizes(tmp_p
         layer, refresher = resumed(delay, saved, sample=sample)
         assert torch.equal(run(layer, refresher, one_process_parts, range(SAVED_AT, UPDATES)), one[SAVED_AT:])
         assert torch.equal(refresher.banks[0].contents(), one_bank)
+
+
+EXITING_RANK = """
+import atexit, sys
+import torch.distributed as dist
+# registered before the package: atexit runs it after the package's own handlers
+atexit.register(lambda: print("process group alive at exit:", dist.is_initialized(), flush=True))
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+import fairseq_clusterformer  # noqa: F401
+"""
+
+
+def test_a_run_that_leaves_its_process_group_gets_it_destroyed_at_exit(tmp_path):
+    """fairseq never destroys its process group; left alive, gloo's threads can abort the exiting process."""
+    proc = subprocess.run(
+        [sys.executable, "-c", EXITING_RANK, str(tmp_path / "init")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "process group alive at exit: False" in proc.stdout, proc.stdout + proc.stderr[-2000:]

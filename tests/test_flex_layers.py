@@ -15,8 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fairseq_clusterformer.layers.build import build_layer
-from fairseq_clusterformer.layers.compiled import configure_layers
+from fairseq_clusterformer.layers.build import build_layer, configure_layers
 from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from fairseq_clusterformer.ops import flex_windows
 from tests.data.qa_model.synthetic import shared_data

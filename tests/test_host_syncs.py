@@ -233,6 +233,17 @@ DIM = 8
 
 def rank_worker(rank: int, folder: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=2)
+    try:
+        rank_steps(rank, folder)
+        # no rank tears its connections down while the other may still be sending its last collective's bytes
+        dist.barrier()
+    finally:
+        # before the interpreter ends: gloo's worker threads must not outlive it (an unjoined thread at exit
+        # aborts the process: "terminate called without an active exception")
+        dist.destroy_process_group()
+
+
+def rank_steps(rank: int, folder: str) -> None:
     torch.manual_seed(rank)
     layer = ClusterFormerLayer(LayerSettings(DIM, 16, 2, 4, 2), 4).train()
     refresher = CentroidRefresher(RefreshSettings(memory_size=50, interval=3, iters=5, backend="torch", seed=7))
@@ -254,7 +265,6 @@ def rank_worker(rank: int, folder: str) -> None:
     refresher.banks.gather()  # as before a save
     facts = {"found": found, "refreshes": refresher.num_refreshes, "bank": len(refresher.banks[0])}
     torch.save(facts, f"{folder}/rank{rank}.pt")
-    dist.destroy_process_group()
 
 
 def test_a_training_step_on_two_gloo_ranks_does_not_sync(tmp_path):

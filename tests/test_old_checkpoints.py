@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import PACKAGE, REPO, run_ok
+from tests.conftest import PACKAGE, REPO, run_cli, run_ok
 from tests.test_end_to_end import perplexity
 from tests.test_resume import HANDS_TASK_STATE_BACK
 
@@ -97,3 +97,33 @@ def test_an_old_qa_model_predicts_as_before(tmp_path):
     assert scores, out[-2000:]
     scores = json.loads(scores.group(0))
     assert agrees(scores["exact_match"], EXPECTED["qa"]["em"], 7.0) and agrees(scores["f1"], EXPECTED["qa"]["f1"], 7.0)
+
+
+def test_a_qa_data_folder_moved_with_its_tokeniser_model_inside_predicts(tmp_path):
+    """qa_config.json records the sentencepiece model's absolute path on the machine that binarised the data; in a
+    moved folder the model is looked for in the folder itself (and in ``spm/`` beside it, as the fixture has it)."""
+    data = tmp_path / "moved"
+    shutil.copytree(OLD / "qa" / "bin", data)
+    shutil.copyfile(OLD / "qa" / "spm" / "qa.model", data / "qa.model")
+    pred = tmp_path / "valid.pred.json"
+    run_ok(
+        "fairseq-clusterformer-qa-predict", data, "--path", OLD / "qa" / "checkpoint.pt", "--split", "valid",
+        "--output", pred, "--cpu",
+    )  # fmt: skip
+    assert set(json.loads(pred.read_text())) == set(json.loads((OLD / "qa" / "valid.pred.json").read_text()))
+
+
+def test_a_qa_data_folder_moved_without_its_tokeniser_model_names_what_was_tried(tmp_path):
+    data = tmp_path / "moved"
+    shutil.copytree(OLD / "qa" / "bin", data)
+    pred = tmp_path / "valid.pred.json"
+    code, out = run_cli(
+        "fairseq-clusterformer-qa-predict", data, "--path", OLD / "qa" / "checkpoint.pt", "--split", "valid",
+        "--output", pred, "--cpu",
+    )  # fmt: skip
+    assert code != 0
+    recorded = json.loads((data / "qa_config.json").read_text())["sentencepiece_model"]
+    last = out.strip().splitlines()[-1]
+    for named in (str(data / "qa_config.json"), recorded, str(data / "qa.model"), str(tmp_path / "spm" / "qa.model")):
+        assert named in last, last
+    assert not pred.exists()

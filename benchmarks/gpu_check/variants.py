@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from fairseq_clusterformer.layers.compiled import COMPILE_OPTIONS, configure_layers
+from fairseq_clusterformer.layers.build import configure_layers
+from fairseq_clusterformer.layers.compiled import COMPILE_OPTIONS
 from fairseq_clusterformer.ops.flex_windows import flex_unavailable
 
 # variant -> (--compile-layers, --attention-backend); "auto" is what the flags' defaults give (compiled on CUDA,

@@ -9,11 +9,14 @@ command line, and the tensor a bad record holds.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import zipfile
 
 from fairseq_clusterformer.checkpoints.records import verify_records
+
+logger = logging.getLogger(__name__)
 
 # torch.save's legacy (pre-1.6, non-zip) format starts with a pickle protocol byte, as fairseq's older published
 # checkpoints do; anything else that is not a zip archive is not a checkpoint
@@ -54,6 +57,10 @@ def verify_checkpoint(path: str, flag: str | None = None) -> None:
     with open(path, "rb") as handle:
         head = handle.read(1)
     if head == _PICKLE_PROTO:
+        logger.warning(
+            f"{flag} {path} is in torch.save's legacy (non-zip) format, which holds no checksums: its integrity cannot "
+            "be checked, and a damaged byte would load silently; save it again with torch.save to get them"
+        )
         return
     size = os.path.getsize(path)
     raise ValueError(

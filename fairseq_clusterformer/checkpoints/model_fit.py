@@ -118,16 +118,38 @@ def check_resume_fits(path: str, flag: str, model, model_cfg) -> None:
     """Raise ValueError naming ``flag``, ``path`` and what differs when the checkpoint ``model`` resumes from was
     written by the same model class with other Cluster-Former layers, other computing settings or another
     dictionary; checkpoints of other classes (a RoBERTa to start from) are left to the model's own loader."""
-    if not zipfile.is_zipfile(path):  # the load's integrity check names a truncated file
+    saved = _same_model_index(path, model)
+    if saved is None:
         return
+    saved_keys, saved_cfg = saved
+    _check_cluster_layers(path, flag, model, saved_keys, saved_cfg, model_cfg)
+    _check_settings(path, flag, model, saved_cfg, model_cfg)
+    _check_saved_dictionary(path, flag, model, saved_keys)
+
+
+def check_finetune_dictionary(path: str, model) -> None:
+    """--finetune-from-model: raise ValueError naming the flag and the file when the weights were trained with another
+    dictionary. fairseq would wrap the model's own dictionary error in "Cannot load model parameters ... ensure that
+    the architectures match", which buries it; the other settings may differ in a fine-tune and are not checked."""
+    saved = _same_model_index(path, model)
+    if saved is not None:
+        _check_saved_dictionary(path, "--finetune-from-model", model, saved[0])
+
+
+def _same_model_index(path: str, model) -> tuple[list[str], dict] | None:
+    """(state-dict keys, model config) of a checkpoint written by ``model``'s class; None for anything else."""
+    if not zipfile.is_zipfile(path):  # the load's integrity check names a truncated file
+        return None
     try:
         index = tensor_index(path)
     except pickle.UnpicklingError:  # a global torch's safe loader refuses as well: fairseq's load will say which
-        return
+        return None
     saved_keys, saved_cfg = model_keys(index), _saved_model_cfg(index)
     if not saved_keys or not _same_model(saved_cfg, model):
-        return
-    _check_cluster_layers(path, flag, model, saved_keys, saved_cfg, model_cfg)
-    _check_settings(path, flag, model, saved_cfg, model_cfg)
+        return None
+    return saved_keys, saved_cfg
+
+
+def _check_saved_dictionary(path: str, flag: str, model, saved_keys) -> None:
     if BUFFER in saved_keys and hasattr(model, BUFFER):
         check_dictionary(model, {BUFFER: _saved_tensor(path, BUFFER)}, checkpoint=f"{flag} {path}")

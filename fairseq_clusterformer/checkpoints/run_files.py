@@ -80,6 +80,18 @@ def checkpoint_files_to_load(task_cfg) -> list[tuple[str, str]]:
     return [(flag, path) for flag, path in candidates if os.path.isfile(path)]
 
 
+def finetune_file(task_cfg) -> str | None:
+    """fairseq-train's --finetune-from-model when fairseq will load it: given, a file, and no checkpoint_last.pt in
+    --save-dir (fairseq resumes from that one instead)."""
+    root = _root_config(task_cfg)
+    path = None if root is None else _select(root, "checkpoint", "finetune_from_model")
+    if not path or not os.path.isfile(str(path)):
+        return None
+    if _exists(os.path.join(str(_select(root, "checkpoint", "save_dir")), "checkpoint_last.pt")):
+        return None
+    return str(path)
+
+
 def is_last_checkpoint(path: str) -> bool:
     """checkpoint_last.pt, or a shard of it (checkpoint_last-shard0.pt): the file an automatic resume reads."""
     return os.path.basename(path).startswith("checkpoint_last")

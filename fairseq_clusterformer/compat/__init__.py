@@ -1,2 +1,3 @@
-"""What fairseq 0.12 lacks, made good in one place: the patches of fairseq functions (``patches``) and the loss
-scaler's state across a resume (``loss_scaler``)."""
+"""What fairseq 0.12 lacks, made good in one place: the patches of fairseq functions (``patches``), the loss scaler's
+state across a resume (``loss_scaler``), the model EMA on buffers that are set, not learned (``ema``), and the
+process group destroyed at exit (``process_group``)."""

@@ -1,4 +1,4 @@
-"""What fairseq 0.12 lacks, put right by wrapping five of its functions; installed once when the package is imported
+"""What fairseq 0.12 lacks, put right by wrapping six of its functions; installed once when the package is imported
 (so by ``--user-dir``), each wrapper marked so that a second install changes nothing.
 
 1. ``data_utils.batch_by_size``: fairseq-fixed 0.12.3.1 (fairseq 0.12.2 ported to Python 3.11/3.12) drops the last
@@ -22,6 +22,9 @@
    a copy onto checkpoint_last.pt writes the whole state, banks included. fairseq's own hook after a save
    (``task.post_save``, called by fairseq_cli.train once the copies exist) could only find the copies again and
    rewrite them; here every file is written right the first time.
+6. ``EMA.__init__`` (``--store-ema``): fairseq's model EMA averages every buffer, and fails on an integer one; the
+   buffers that are set, not learned (the K-Means state, the dictionary hashes) are copied instead (``compat.ema``).
+And a distributed run's process group is destroyed at exit, which fairseq never does (``compat.process_group``).
 Remote paths (``PathManager`` URIs) and ``--write-checkpoints-asynchronously`` keep fairseq's own code.
 """
 
@@ -39,6 +42,8 @@ from fairseq.file_io import PathManager
 from fairseq_clusterformer.checkpoints.integrity import verify_checkpoint
 from fairseq_clusterformer.checkpoints.run_files import is_last_checkpoint
 from fairseq_clusterformer.checkpoints.writes import atomic_copy, atomic_save
+from fairseq_clusterformer.compat.ema import install_ema_copies
+from fairseq_clusterformer.compat.process_group import end_process_group_at_exit
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +154,7 @@ def copy_atomically(copy):
 
 
 def install_patches() -> None:
-    """Install the five wrappers (idempotent)."""
+    """Install the six wrappers (idempotent)."""
     if not getattr(data_utils.batch_by_size, "patched", False) and drops_last_batch(data_utils.batch_by_size):
         data_utils.batch_by_size = keep_last_batch(data_utils.batch_by_size)
     for name, wrap in (
@@ -162,3 +167,5 @@ def install_patches() -> None:
             setattr(checkpoint_utils, name, wrap(original))
     if not getattr(PathManager.copy, "patched", False):
         PathManager.copy = staticmethod(copy_atomically(PathManager.copy))
+    install_ema_copies()
+    end_process_group_at_exit()

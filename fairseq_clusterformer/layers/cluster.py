@@ -46,6 +46,8 @@ class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
 
     kind = "cluster"
     float32_buffers = ("centroids", "shares")
+    # set by K-Means, not learned: a model average (fairseq's --store-ema) takes them from the live model as they are
+    ema_copies = ("centroids", "shares", "refreshes")
 
     def __init__(
         self,
@@ -67,6 +69,7 @@ class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
         # forward pre-hook): training without one would never refresh the centroids
         self.banked = False
         self.last_cluster_entropy: Tensor | None = None
+        self.named_unrefreshed = False  # a load of never-refreshed centroids was warned about
 
     def cluster_ids(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
         """B x T cluster ids (pads get P)."""
@@ -111,7 +114,9 @@ class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
         if saved is not None and refreshes is None:
             # checkpoints written before the count existed: keep the model's own count, say nothing about it
             state_dict[prefix + "refreshes"] = self.refreshes.clone()
-        elif refreshes is not None and int(refreshes) == 0:
+        elif refreshes is not None and not self.named_unrefreshed and int(refreshes) == 0:
+            # once per layer: fairseq's EMA (--store-ema) loads the live model's state into its copy at every update
+            self.named_unrefreshed = True
             logger.warning(
                 f"{prefix}centroids were never refreshed by K-Means: the checkpoint was written before the first "
                 "K-Means refresh, so this layer clusters with its random, greedily ordered initial centroids"

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TypeVar
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from fairseq_clusterformer.ops.tracing import is_compiling
 
@@ -86,19 +86,3 @@ def compilable(fn: F) -> F:
 
     run.uncompiled = fn  # type: ignore[attr-defined]  # for torch._dynamo.explain in the tests and benchmarks
     return run  # type: ignore[return-value]
-
-
-def configure_layers(layers: Iterable[nn.Module], compile_mode: str, attention_backend: str) -> int:
-    """Set ``--compile-layers`` and ``--attention-backend`` on every windowed layer among ``layers`` (a model's
-    ``modules()``); returns how many layers took them."""
-    from fairseq_clusterformer.layers.flex import check_attention_backend
-    from fairseq_clusterformer.layers.windowed import WindowedTransformerLayer
-
-    compile_mode = check_compile_mode(compile_mode)
-    configured = 0
-    for layer in layers:
-        if isinstance(layer, WindowedTransformerLayer):
-            check_attention_backend(attention_backend, layer.settings)
-            layer.compile_mode, layer.attention_backend = compile_mode, attention_backend
-            configured += 1
-    return configured

@@ -56,7 +56,7 @@ class SelfAttentionProjections(nn.Module):
 
 
 class WindowedTransformerLayer(nn.Module):
-    # --compile-layers and --attention-backend (``compiled_layers.configure_layers`` sets them on a model's layers)
+    # --compile-layers and --attention-backend (``build.configure_layers`` sets them on a model's layers)
     compile_mode = "off"
     attention_backend = "eager"
 

@@ -18,8 +18,9 @@ from fairseq.modules import AdaptiveInput
 from fairseq.utils import safe_getattr
 
 from fairseq_clusterformer.checkpoints.dictionary import check_dictionary, dictionary_file, record_dictionary
+from fairseq_clusterformer.layers.build import configure_layers
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
-from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE, configure_layers
+from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE
 from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     CAUSALITY_CHOICES,
@@ -34,6 +35,7 @@ from fairseq_clusterformer.layers.settings import (
     settings_by_flag,
 )
 from fairseq_clusterformer.lm.decoder import ClusterFormerDecoder
+from fairseq_clusterformer.lm.run_checks import check_finite_scores, warn_window_covers_sample
 from fairseq_clusterformer.ops.cluster_groups import default_groups, segment_groups
 from fairseq_clusterformer.refresh.refresher import check_refreshed_in_training
 
@@ -210,6 +212,9 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
     (fairseq's own loader) returns fairseq's ``GeneratorHubInterface``: ``lm.sample(text)``, ``lm.score(text)``,
     ``lm.generate(tokens)`` as for transformer_lm, generating from the decoder's cache."""
 
+    # what the console scripts call it
+    checkpoint_kind = "a Cluster-Former language-model (clusterformer_lm) checkpoint"
+
     @classmethod
     def hub_models(cls):
         # transformer_lm's names point at transformer_lm checkpoints: none of them is a Cluster-Former model
@@ -223,6 +228,7 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
     @classmethod
     def build_model(cls, args, task):
         _reject_unsupported(args)
+        warn_window_covers_sample(args)
         if safe_getattr(args, "max_target_positions", None) is None:
             args.max_target_positions = safe_getattr(args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS)
         dictionary = task.source_dictionary
@@ -264,6 +270,12 @@ class ClusterFormerLanguageModel(TransformerLanguageModel):
         # every path that loads a checkpoint comes here, with or without --task clusterformer_lm
         check_dictionary(self, state_dict)
         return super().load_state_dict(state_dict, strict, model_cfg, args)
+
+    def get_normalized_probs(self, net_output, log_probs, sample=None):
+        probs = super().get_normalized_probs(net_output, log_probs, sample)
+        if sample is not None and not self.training:  # a scoring pass (run_checks.py)
+            check_finite_scores(probs)
+        return probs
 
     def train(self, mode: bool = True):
         # only training calls train(): fairseq-eval-lm and generation never do, whatever the task

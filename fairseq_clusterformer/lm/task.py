@@ -21,6 +21,9 @@ class ClusterFormerLMTask(LossScalerResumeHooks, CentroidRefreshHooks, LanguageM
     """Language modeling whose training fills the memory banks and refreshes the centroids with K-Means."""
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
+        # fairseq itself would stop on a ZeroDivisionError (0) or a RuntimeError of torch.arange (< 0) in its dataset
+        if args.tokens_per_sample <= 0:
+            raise ValueError(f"--tokens-per-sample must be a positive number of tokens, got {args.tokens_per_sample}")
         super().__init__(args, dictionary, output_dictionary, targets)
         self.init_centroid_refresh(args)
 

@@ -24,8 +24,9 @@ from fairseq.models.roberta import (
 from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
+from fairseq_clusterformer.layers.build import configure_layers
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
-from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE, configure_layers
+from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE
 from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
 from fairseq_clusterformer.layers.settings import (
     LONG_RANGE_CHOICES,
@@ -100,6 +101,9 @@ class ClusterFormerQARobertaEncoder(RobertaEncoder):
 
 @register_model("clusterformer_qa")
 class ClusterFormerQAModel(RobertaModel):
+    # what the console scripts call it
+    checkpoint_kind = "a question-answering (clusterformer_qa) checkpoint"
+
     def __init__(self, args, encoder, answer_types: bool):
         super().__init__(args, encoder)
         self.qa_heads = QAHeads(args.encoder_embed_dim, answer_types, args.pooler_activation_fn, args.pooler_dropout)

@@ -24,6 +24,7 @@ split of the last rows among the ranks, so the merge is exact.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -91,7 +92,6 @@ class LayerBanks(Sequence[MemoryBank]):
         # per layer: this micro-batch's N x C states and their N mask of real tokens (None = all real)
         self._staged: list[list[tuple[Tensor, Tensor | None]]] = [[] for _ in layers]
         self._watches = [NonfiniteWatch() for _ in layers]
-        self._index = {id(layer): index for index, layer in enumerate(layers)}
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         for index, layer in enumerate(layers):
             if layer.num_clusters > capacity:
@@ -100,7 +100,10 @@ class LayerBanks(Sequence[MemoryBank]):
                     "at least one state per cluster"
                 )
             self._banks.append(MemoryBank(capacity, sample_per_batch, seed + index))
-            self._hooks.append(layer.register_forward_pre_hook(self._stage, with_kwargs=True))
+            # the hook carries its layer's index, not a lookup by the layer's id: a deep copy of the model (fairseq's
+            # EMA makes one) copies the hook with it, and the copied layer has another id
+            hook = functools.partial(self._stage, index)
+            self._hooks.append(layer.register_forward_pre_hook(hook, with_kwargs=True))
             layer.banked = True
 
     def __getitem__(self, index):
@@ -109,8 +112,9 @@ class LayerBanks(Sequence[MemoryBank]):
     def __len__(self) -> int:
         return len(self._banks)
 
-    def _stage(self, layer: ClusterFormerLayer, args: tuple, kwargs: dict) -> None:
-        """The forward pre-hook: a training pass's input states (B x T x C) and padding mask (B x T or None)."""
+    def _stage(self, index: int, layer: ClusterFormerLayer, args: tuple, kwargs: dict) -> None:
+        """The forward pre-hook of layer ``index``: a training pass's input states (B x T x C) and padding mask
+        (B x T or None)."""
         if not layer.training:
             return
         states = args[0] if args else kwargs["x"]
@@ -118,7 +122,7 @@ class LayerBanks(Sequence[MemoryBank]):
         flat = states.detach().reshape(-1, states.size(-1))  # (B*T) x C
         # pads never enter the bank; kept as a mask, since x[mask] would read the count back from the device
         valid = None if padding_mask is None else ~padding_mask.reshape(-1)  # B*T
-        self._staged[self._index[id(layer)]].append((flat, valid))
+        self._staged[index].append((flat, valid))
 
     def detach(self) -> None:
         """Stop watching the layers (the refresher attaches new banks to a model built again)."""

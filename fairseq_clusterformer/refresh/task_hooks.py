@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 from fairseq.dataclass import ChoiceEnum
 
-from fairseq_clusterformer.checkpoints.model_fit import check_resume_fits
-from fairseq_clusterformer.checkpoints.run_files import checkpoint_files_to_load, save_dir_of
+from fairseq_clusterformer.checkpoints.model_fit import check_finetune_dictionary, check_resume_fits
+from fairseq_clusterformer.checkpoints.run_files import checkpoint_files_to_load, finetune_file, save_dir_of
 from fairseq_clusterformer.checkpoints.writes import remove_stale_temp_files
 from fairseq_clusterformer.ops.kmeans import KMEANS_BACKENDS
 from fairseq_clusterformer.refresh.rank_exchange import world
@@ -103,6 +103,9 @@ class CentroidRefreshHooks:
             return
         for flag, path in checkpoint_files_to_load(task_cfg):
             check_resume_fits(path, flag, model, model_cfg)
+        finetune = finetune_file(task_cfg)
+        if finetune is not None:
+            check_finetune_dictionary(finetune, model)
         save_dir = save_dir_of(task_cfg)
         if save_dir is not None and world()[0] == 0:  # rank 0 writes the checkpoints
             remove_stale_temp_files(save_dir)

@@ -18,8 +18,6 @@ from fairseq.models import ARCH_MODEL_REGISTRY, FairseqLanguageModel
 
 from fairseq_clusterformer.checkpoints.model_fit import checkpoint_arch
 from fairseq_clusterformer.layers.centroid_check import naming_checkpoint
-from fairseq_clusterformer.lm.model import ClusterFormerLanguageModel
-from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 
 
 def describe_kind(arch: str | None) -> str:
@@ -27,10 +25,10 @@ def describe_kind(arch: str | None) -> str:
     model = ARCH_MODEL_REGISTRY.get(arch)
     if model is None:
         return "a checkpoint of an architecture not registered here"
-    if issubclass(model, ClusterFormerQAModel):
-        return "a question-answering (clusterformer_qa) checkpoint"
-    if issubclass(model, ClusterFormerLanguageModel):
-        return "a Cluster-Former language-model (clusterformer_lm) checkpoint"
+    # the plug-in's models say what they are: this module, shared by the LM and QA scripts, imports neither
+    kind = getattr(model, "checkpoint_kind", None)
+    if kind is not None:
+        return kind
     if issubclass(model, FairseqLanguageModel):
         return "a language-model checkpoint"
     return f"a {model.__name__} checkpoint"

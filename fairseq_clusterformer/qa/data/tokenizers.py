@@ -145,6 +145,8 @@ class SentencePieceTokenizer:
 
 
 TOKENIZERS = ("gpt2", "sentencepiece", "hf")
+# the files (or, for hf, the folder) a tokeniser is built from, as qa_config.json records them
+TOKENIZER_FILES = ("sentencepiece_model", "encoder_json", "vocab_bpe", "hf_dir")
 
 
 # the files (or, for "hf", the directory) each tokeniser's config records, by its key in qa_config.json
@@ -154,22 +156,29 @@ HF_DIR_FILES = ("tokenizer.json", "hf_import.json")
 
 def locate_tokenizer_files(config: dict[str, str], folders: list[str]) -> dict[str, str]:
     """``config`` (a ``qa_config.json``) with every tokeniser file found on this machine: where it records it, else
-    under the same name in one of ``folders`` (the data folder, the checkpoint's folder), where a copied or
-    downloaded model keeps it; the paths it records are those of the machine that binarised the data. For "hf" a
-    folder holding the import's files directly counts too. FileNotFoundError names the key and every place tried."""
+    under the same name in one of ``folders`` (the data folder first, then e.g. the checkpoint's folder), where a copied
+    or downloaded model keeps it, or in the folder of the recorded name beside one of them (``prepare_common.sh``'s
+    ``OUT/bin`` and ``OUT/spm``); the paths it records are those of the machine that binarised the data. For "hf" a
+    folder holding the import's files directly counts too. FileNotFoundError names the config, the key and every
+    place tried."""
     found = dict(config)
     for key in TOKENIZER_FILES.get(config.get("tokenizer"), ()):
-        recorded = str(config.get(key) or "")
+        recorded = str(config.get(key) or "").rstrip("/")
         is_dir = key == "hf_dir"
+        name, recorded_folder = os.path.basename(recorded), os.path.basename(os.path.dirname(recorded))
         tried = [recorded] if recorded else []
         for folder in folders:
-            tried += [os.path.join(folder, os.path.basename(recorded.rstrip("/")))] if recorded else []
+            if recorded:
+                tried.append(os.path.join(folder, name))
+                tried.append(os.path.join(os.path.dirname(os.path.abspath(folder)), recorded_folder, name))
             tried += [folder] if is_dir else []
         usable = [p for p in tried if (_holds_hf_files(p) if is_dir else os.path.isfile(p))]
         if not usable:
+            where = os.path.join(folders[0], "qa_config.json") if folders else "qa_config.json"
             raise FileNotFoundError(
-                f"qa_config.json's {key} {recorded!r} ({config.get('tokenizer')} tokeniser) is not on this machine; "
-                f"looked at {', '.join(dict.fromkeys(tried))}: copy it into the data folder"
+                f"{where} records the {config.get('tokenizer')} tokeniser's {key} as {recorded!r}, which is not on this "
+                f"machine (the data folder was made on another machine or moved?); looked at "
+                f"{', '.join(dict.fromkeys(tried))}: copy it into the data folder"
             )
         found[key] = usable[0]
     return found
