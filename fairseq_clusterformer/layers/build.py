@@ -9,9 +9,9 @@ from torch import nn
 
 from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
-from fairseq_clusterformer.layers.hybrid import HybridClusterFormerLayer, HybridLSHLayer, HybridSparseLayer
 from fairseq_clusterformer.layers.compiled import check_compile_mode
 from fairseq_clusterformer.layers.flex import check_attention_backend
+from fairseq_clusterformer.layers.hybrid import HybridClusterFormerLayer, HybridLSHLayer, HybridSparseLayer
 from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer, WindowedTransformerLayer
 

@@ -176,7 +176,7 @@ def locate_tokenizer_files(config: dict[str, str], folders: list[str]) -> dict[s
         if not usable:
             where = os.path.join(folders[0], "qa_config.json") if folders else "qa_config.json"
             raise FileNotFoundError(
-                f"{where} records the {config.get('tokenizer')} tokeniser's {key} as {recorded!r}, which is not on this "
+                f"{where} records the {config.get('tokenizer')} tokeniser's {key} as {recorded!r}, not on this "
                 f"machine (the data folder was made on another machine or moved?); looked at "
                 f"{', '.join(dict.fromkeys(tried))}: copy it into the data folder"
             )
