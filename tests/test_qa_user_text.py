@@ -110,7 +110,9 @@ def test_tokenizer_files_are_found_beside_the_data_when_the_recorded_path_is_gon
     with pytest.raises(FileNotFoundError) as error:
         locate_tokenizer_files(config, [str(data), str(ckpt)])
     message = str(error.value)
-    assert "sentencepiece_model '/elsewhere/trainer/spm/qa.model'" in message and str(ckpt / "qa.model") in message
+    assert "sentencepiece_model as '/elsewhere/trainer/spm/qa.model'" in message
+    assert str(data / "qa_config.json") in message and str(ckpt / "qa.model") in message
+    assert str(tmp_path / "spm" / "qa.model") in message  # the folder of the recorded name beside the data
     shutil.copy(model, ckpt / "qa.model")
     assert locate_tokenizer_files(config, [str(data), str(ckpt)])["sentencepiece_model"] == str(ckpt / "qa.model")
     shutil.copy(model, data / "qa.model")

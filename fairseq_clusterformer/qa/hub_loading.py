@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from fairseq import checkpoint_utils
 from fairseq.data import Dictionary
-from fairseq.models import ARCH_MODEL_REGISTRY
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 from omegaconf import open_dict
 
 from fairseq_clusterformer.checkpoints.model_fit import checkpoint_arch
@@ -25,7 +25,6 @@ from fairseq_clusterformer.layers.centroid_check import naming_checkpoint
 from fairseq_clusterformer.qa.data.binarized import CONFIG, load_config
 from fairseq_clusterformer.qa.data.tokenizers import PARAGRAPH_TOKEN, build_tokenizer, locate_tokenizer_files
 from fairseq_clusterformer.qa.hub import ClusterFormerQAHubInterface
-from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 from fairseq_clusterformer.qa.task import ClusterFormerQATask
 
 # the task settings a caller may change for inference (keyword arguments of from_pretrained)
@@ -50,7 +49,8 @@ def check_qa_checkpoint(state: dict[str, Any], path: str) -> None:
     """ValueError naming the file, its --arch and --task, unless it holds a clusterformer_qa model."""
     arch, task = checkpoint_arch(state)
     model = ARCH_MODEL_REGISTRY.get(arch)
-    if model is None or not issubclass(model, ClusterFormerQAModel):
+    # the class by its registered name: qa/model.py's from_pretrained imports this module, so it cannot import that
+    if model is None or not issubclass(model, MODEL_REGISTRY["clusterformer_qa"]):
         raise NotAQACheckpoint(
             f"{path} is not a question-answering checkpoint (--arch {arch}, --task {task}); the QA hub needs a "
             "clusterformer_qa checkpoint (trained with --task clusterformer_qa)"
