@@ -14,7 +14,7 @@ ALLOWED = {
     "atomic_files": set(),
     "layers": {"ops"},
     "checkpoints": {"atomic_files"},
-    "compat": {"checkpoints"},
+    "compat": {"ops", "checkpoints"},
     "refresh": {"ops", "layers", "checkpoints"},
     "lm": {"ops", "layers", "refresh", "checkpoints", "compat"},
     "qa.data": {"atomic_files"},
@@ -22,7 +22,7 @@ ALLOWED = {
     "qa.hf": set(),
     "qa": {"ops", "qa.ops", "qa.data", "layers", "refresh", "checkpoints", "compat"},
     # the LM scripts and what every console script shares: the QA scripts import it, so it knows nothing of QA
-    "scripts": {"ops", "layers", "lm", "checkpoints", "__init__"},
+    "scripts": {"ops", "layers", "lm", "checkpoints", "compat", "__init__"},
     "qa.scripts": {"ops", "qa.ops", "qa.data", "qa.formats", "qa.hf", "qa", "layers", "checkpoints", "atomic_files",
                    "scripts", "__init__"},
     "__init__": {"compat", "lm", "qa"},

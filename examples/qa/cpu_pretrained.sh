@@ -15,7 +15,8 @@
 # --out DIR: everything it writes (default data-bin/qa/pretrained): encoder/ (the import, reused when there),
 #   squad_CONTEXTS/ (records and binarised data, reused when there), CONTEXTS_VARIANT_seedSEED/ (VARIANT: KIND,
 #   then -hybrid for LONG_RANGE_MODE=hybrid, then -layerN-M for LONG_RANGE_LAYERS other than 5,6, as
-#   benchmarks/qa_device names them; checkpoints, train.log,
+#   benchmarks/qa_device names them, then -bf16 for PRECISION=bf16 and -attdropP for ATTENTION_DROPOUT other than
+#   0.1; checkpoints, train.log,
 #   valid.pred.json, eval.log, summary.json). An --out imported from another model than --hf (other weights) is
 #   refused, and so is a data or run folder made from another encoder (each records its encoder_source.json).
 # --dry-run: print the commands instead of running them.
@@ -23,7 +24,8 @@
 # Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
 #   paper's placement scaled to 6 layers; 6 alone: the paper's share of converted layers), LONG_RANGE_MODE (replace:
 #   the paper's layer | hybrid: the sliding window kept, the long-range attention added through a gate that starts
-#   at 0; docs/qa.md), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
+#   at 0; docs/qa.md), PRECISION (fp32 | bf16: --autocast-bf16, matrix products in bfloat16; docs/cpu_speed.md),
+#   ATTENTION_DROPOUT (0.1; 0 lets the CPU take its fused attention kernel, docs/cpu_speed.md), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
 #   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
 #   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours).
@@ -68,6 +70,17 @@ esac
 [[ "$LONG_RANGE_LAYERS" =~ ^[0-9]+(,[0-9]+)*$ ]] ||
     { echo "$0: LONG_RANGE_LAYERS=$LONG_RANGE_LAYERS: expected layer numbers like 5,6 or 6" >&2; exit 2; }
 [[ "$KIND" == none || "$LONG_RANGE_LAYERS" == 5,6 ]] || VARIANT="$VARIANT-layer${LONG_RANGE_LAYERS//,/-}"
+# the precision and the attention dropout change the run, so they name it too when not the defaults (a run folder
+# made with other settings would otherwise be resumed as this one)
+PRECISION="${PRECISION:-fp32}" ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-0.1}"
+case "$PRECISION" in
+    fp32) PRECISION_FLAGS=() ;;
+    bf16) PRECISION_FLAGS=(--autocast-bf16) VARIANT="$VARIANT-bf16" ;;
+    *) echo "$0: PRECISION=$PRECISION: expected fp32 or bf16" >&2; exit 2 ;;
+esac
+[[ "$ATTENTION_DROPOUT" =~ ^(0|0?\.[0-9]+)$ ]] ||
+    { echo "$0: ATTENTION_DROPOUT=$ATTENTION_DROPOUT: expected a probability like 0.1 or 0" >&2; exit 2; }
+[[ "$ATTENTION_DROPOUT" == 0.1 ]] || VARIANT="$VARIANT-attdrop$ATTENTION_DROPOUT"
 SEED="${SEED:-1}" UPDATES="${UPDATES:-3000}" LR="${LR:-5e-5}" BATCH="${BATCH:-16}" MAX_QUESTION="${MAX_QUESTION:-40}"
 WARMUP="${WARMUP:-$((UPDATES / 10))}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-12000}" CLUSTERS="${CLUSTERS:-64}"
 KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MEMORY="${MEMORY:-50000}" TRAIN_ARTICLES="${TRAIN_ARTICLES:-40}"
@@ -124,7 +137,8 @@ start=$SECONDS
     WINDOW="$WINDOW" STRIDE="$STRIDE" MAX_QUESTION="$MAX_QUESTION" BATCH="$BATCH" MAX_SENTENCES="$BATCH" LR="$LR" \
     WARMUP="$WARMUP" UPDATES="$UPDATES" MAX_CONTEXT_TRAIN="$MAX_CONTEXT_TRAIN" MAX_CONTEXT_EVAL="$MAX_CONTEXT_EVAL" \
     CLUSTERS="$CLUSTERS" KMEANS_INTERVAL="$KMEANS_INTERVAL" MEMORY="$MEMORY" SEED="$SEED" SAVE_DIR="$OUT/$NAME" \
-    bash "$here/train.sh" "$SQUAD/bin" --small --long-range-layers "$LONG_RANGE_LAYERS" --long-range-mode "$LONG_RANGE_MODE" --disable-validation \
+    ATTENTION_DROPOUT="$ATTENTION_DROPOUT" bash "$here/train.sh" "$SQUAD/bin" --small "${PRECISION_FLAGS[@]}" \
+    --long-range-layers "$LONG_RANGE_LAYERS" --long-range-mode "$LONG_RANGE_MODE" --disable-validation \
     --stop-time-hours "$stop_hours" --log-interval 20 > >(log -a "$OUT/$NAME.train.log") 2>&1
 wait
 echo "| fine-tuning $NAME: $((SECONDS - start)) s"

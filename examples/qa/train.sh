@@ -12,7 +12,7 @@
 #   as below.
 # Environment overrides: ARCH, ROBERTA (directory with model.pt + dict.txt of a fairseq RoBERTa, or empty to train
 #   from scratch), LR, WARMUP, UPDATES, BATCH (questions per update), MAX_SENTENCES (questions per forward pass and
-#   device), DROPOUT, LONG_RANGE (cluster|lsh|sparse|none), CLUSTERS, WINDOW, STRIDE, MAX_CONTEXT_TRAIN,
+#   device), DROPOUT, ATTENTION_DROPOUT (DROPOUT), LONG_RANGE (cluster|lsh|sparse|none), CLUSTERS, WINDOW, STRIDE, MAX_CONTEXT_TRAIN,
 #   MAX_CONTEXT_EVAL, MAX_QUESTION, CONTEXT_OVERFLOW (truncate|skip), MEMORY, KMEANS_INTERVAL, KMEANS_BACKEND,
 #   SAVE_DIR, SEED. Extra arguments go to fairseq-train as they are.
 set -euo pipefail
@@ -50,7 +50,7 @@ else
     ROBERTA="${ROBERTA-data-bin/roberta.large}"
     DEVICE=()
 fi
-DROPOUT="${DROPOUT:-0.1}" LONG_RANGE="${LONG_RANGE:-cluster}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-10000}"
+DROPOUT="${DROPOUT:-0.1}" ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-${DROPOUT:-0.1}}" LONG_RANGE="${LONG_RANGE:-cluster}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-10000}"
 CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-truncate}" KMEANS_BACKEND="${KMEANS_BACKEND:-auto}" SEED="${SEED:-1}"
 SAVE_DIR="${SAVE_DIR:-checkpoints/qa_${ARCH}_${LONG_RANGE}}"
 
@@ -74,7 +74,7 @@ fairseq-train "$DATA" --user-dir "$repo/fairseq_clusterformer" \
     --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-6 --weight-decay 0.01 --clip-norm 1.0 \
     --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$WARMUP" --total-num-update "$UPDATES" \
     --max-update "$UPDATES" --batch-size "$MAX_SENTENCES" --update-freq "$UPDATE_FREQ" \
-    --dropout "$DROPOUT" --attention-dropout "$DROPOUT" \
+    --dropout "$DROPOUT" --attention-dropout "$ATTENTION_DROPOUT" \
     --memory-size "$MEMORY" --cluster-update-interval "$KMEANS_INTERVAL" --kmeans-backend "$KMEANS_BACKEND" \
     --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --no-epoch-checkpoints \
     --save-dir "$SAVE_DIR" --seed "$SEED" --log-format simple --log-interval 50 --num-workers 0 \

@@ -5,17 +5,27 @@ and ``--amp`` autocasts to float16 behind a loss scaler (``FairseqTask.train_ste
 ``torch.cuda.amp.autocast``, whose dtype is float16). With ``--autocast-bf16`` the training forward pass, model and
 criterion, runs under ``torch.autocast(<the model's device type>, dtype=torch.bfloat16)``: matrix products and
 attention in bfloat16; layer norms, softmax and the loss in float32 (autocast's own lists); weights, gradients and
-Adam's moments stay float32 and no loss scale is needed (bfloat16 has float32's exponent range). Validation and
-prediction run in float32. It works on a CPU too (``torch.autocast("cpu")`` takes bfloat16), which the tests use.
+Adam's moments stay float32 and no loss scale is needed (bfloat16 has float32's exponent range). Outside training
+the flag runs the model's layer stack under the same autocast (``set_bf16_layers``): validation, ``fairseq-eval-lm
+--task clusterformer_lm --autocast-bf16``, and the QA scripts' own ``--autocast-bf16``; embeddings, the last layer
+norm, output projections, heads and losses stay float32. It works on a CPU too (``torch.autocast("cpu")`` takes
+bfloat16), but pays only where the processor multiplies bfloat16 natively: ``warn_if_bf16_is_slow`` measures both
+rates and says so where it does not.
 
 No ``from __future__ import annotations`` here: fairseq reads the config field types at run time.
 """
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer
+from torch import nn
+
+from fairseq_clusterformer.ops.precision import matmul_rates
+
+logger = logging.getLogger(__name__)
 
 HALF_OPTIMIZERS = (FP16Optimizer, MemoryEfficientFP16Optimizer, AMPOptimizer)
 
@@ -25,10 +35,54 @@ class AutocastBF16Config:
     autocast_bf16: bool = field(
         default=False,
         metadata={
-            "help": "train under torch.autocast(bfloat16) with float32 weights (fairseq's --bf16 makes the weights "
-            "bfloat16, its --amp autocasts to float16); not with --fp16, --bf16 or --amp"
+            "help": "run the layers under torch.autocast(bfloat16) with float32 weights, in training, validation and "
+            "fairseq-eval-lm (fairseq's --bf16 makes the weights bfloat16, its --amp autocasts to float16); not with "
+            "--fp16, --bf16 or --amp"
         },
     )
+
+
+_RATES_SEEN: dict[str, tuple[float, float]] = {}
+
+
+def warn_if_bf16_is_slow(device_type: str, flag: str = "--autocast-bf16") -> tuple[float, float]:
+    """Measure this device's float32 and bfloat16 matmul rates (once a process) and warn, naming both, when bfloat16
+    is the slower: a CPU without native bfloat16 (no AVX512-BF16 / AMX) converts inside every product, and the flag
+    would slow the run down without a word. Returns (float32, bfloat16) GFLOP/s."""
+    if device_type not in _RATES_SEEN:
+        fp32, bf16 = matmul_rates(device=device_type)
+        _RATES_SEEN[device_type] = (fp32, bf16)
+        if bf16 < fp32:
+            logger.warning(
+                f"{flag}: this {device_type.upper()} multiplies bfloat16 at {bf16:.0f} GFLOP/s and float32 at "
+                f"{fp32:.0f} GFLOP/s (512 x 512 products): it has no native bfloat16, so the flag makes the run "
+                f"slower, not faster; leave {flag} out on this machine"
+            )
+        else:
+            logger.info(f"{flag}: bfloat16 matmul {bf16:.0f} GFLOP/s, float32 {fp32:.0f} GFLOP/s on this {device_type}")
+    return _RATES_SEEN[device_type]
+
+
+def set_bf16_layers(model: nn.Module, enabled: bool = True) -> None:
+    """Run ``model``'s layer stack under bfloat16 autocast outside training too (the LM decoder's and the QA
+    encoder's ``bf16_layers``); refuses a model that has no such stack."""
+    stacks = [module for module in model.modules() if hasattr(module, "bf16_layers")]
+    if not stacks:
+        raise ValueError(f"--autocast-bf16: {type(model).__name__} has no layer stack that can run in bfloat16")
+    for module in stacks:
+        module.bf16_layers = enabled
+
+
+def default_device_type() -> str:
+    """Where a model built now will most likely run: fairseq moves it to CUDA when there is one (``--cpu`` aside)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def flag_of(task) -> bool:
+    """The task's --autocast-bf16: in ``cfg`` for a dataclass task (QA), in ``args`` for a legacy one (fairseq's
+    LanguageModelingTask, under the LM task), whose ``cfg`` is None."""
+    cfg = task.cfg if getattr(task, "cfg", None) is not None else getattr(task, "args", None)
+    return bool(getattr(cfg, "autocast_bf16", False))
 
 
 class AutocastBF16Hooks:
@@ -36,8 +90,16 @@ class AutocastBF16Hooks:
     ``train_step`` it replaces then: fairseq's opens ``torch.cuda.amp.autocast(enabled=<--amp>)``, which would turn a
     surrounding bfloat16 region off again."""
 
+    def build_model(self, cfg, from_checkpoint=False):
+        """With the flag, the model's layers run in bfloat16 outside training too (validation, fairseq-eval-lm)."""
+        model = super().build_model(cfg, from_checkpoint)
+        if flag_of(self):
+            warn_if_bf16_is_slow(default_device_type())
+            set_bf16_layers(model)
+        return model
+
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        if not getattr(self.cfg, "autocast_bf16", False):
+        if not flag_of(self):
             return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
         if isinstance(optimizer, HALF_OPTIMIZERS):
             raise ValueError(
@@ -47,6 +109,9 @@ class AutocastBF16Hooks:
         model.train()
         model.set_num_updates(update_num)
         device_type = next(model.parameters()).device.type
+        if not getattr(self, "_autocast_announced", False):
+            self._autocast_announced = True
+            logger.info(f"--autocast-bf16: training forward passes under torch.autocast({device_type!r}, bfloat16)")
         with torch.autograd.profiler.record_function("forward"):
             with torch.autocast(device_type, dtype=torch.bfloat16):
                 loss, sample_size, logging_output = criterion(model, sample)

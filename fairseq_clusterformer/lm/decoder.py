@@ -19,6 +19,7 @@ from fairseq_clusterformer.layers.settings import (
     LongRangePlan,
 )
 from fairseq_clusterformer.layers.windowed import StepCache
+from fairseq_clusterformer.ops.precision import bf16_layers
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,9 @@ class ClusterFormerDecoder(TransformerDecoderBase):
         self.cfg = cfg
         self.layers.extend(build_layer(i + 1, settings, plan) for i in range(cfg.decoder.layers))
         self.num_layers = len(self.layers)
+        # --autocast-bf16 outside training (compat.autocast_bf16.set_bf16_layers): the layers in bfloat16, the output
+        # projection in float32, since bfloat16 logits would move every log-probability by up to 0.4 % of a logit
+        self.bf16_layers = False
         self._warned_uncached = False
 
     def long_range_layers(self) -> list[ClusterFormerLayer]:
@@ -87,9 +91,11 @@ class ClusterFormerDecoder(TransformerDecoderBase):
         padding_mask = tokens.eq(self.padding_idx)  # B x T
         x = self.embed(tokens)  # B x T x C
         inner_states = [x.transpose(0, 1)]  # fairseq reports T x B x C states
-        for layer in self.layers:
-            x = layer(x, padding_mask)
-            inner_states.append(x.transpose(0, 1))
+        with bf16_layers(x, self.bf16_layers):
+            for layer in self.layers:
+                x = layer(x, padding_mask)
+                inner_states.append(x.transpose(0, 1))
+        x = x.float() if self.bf16_layers else x
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         if self.project_out_dim is not None:

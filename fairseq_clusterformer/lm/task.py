@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from fairseq_clusterformer.compat.autocast_bf16 import AutocastBF16Config, AutocastBF16Hooks
 from fairseq_clusterformer.compat.loss_scaler import LossScalerResumeHooks
 from fairseq_clusterformer.refresh.task_hooks import CentroidRefreshHooks, MemoryBankConfig
 
@@ -12,12 +13,12 @@ LEGACY_DICTIONARY_KEY = "dictionary"
 
 
 @dataclass
-class ClusterFormerLMTaskConfig(LanguageModelingConfig, MemoryBankConfig):
+class ClusterFormerLMTaskConfig(LanguageModelingConfig, MemoryBankConfig, AutocastBF16Config):
     pass
 
 
 @register_task("clusterformer_lm", dataclass=ClusterFormerLMTaskConfig)
-class ClusterFormerLMTask(LossScalerResumeHooks, CentroidRefreshHooks, LanguageModelingTask):
+class ClusterFormerLMTask(LossScalerResumeHooks, CentroidRefreshHooks, AutocastBF16Hooks, LanguageModelingTask):
     """Language modeling whose training fills the memory banks and refreshes the centroids with K-Means."""
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):

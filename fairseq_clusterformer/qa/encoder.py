@@ -35,6 +35,7 @@ from fairseq_clusterformer.layers.compiled import compilable
 from fairseq_clusterformer.layers.hybrid import HybridLongRange
 from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
+from fairseq_clusterformer.ops.precision import bf16_layers
 from fairseq_clusterformer.qa.ops.windows import (
     QUESTION_SPECIALS,
     QAInputWindows,
@@ -81,6 +82,9 @@ class ClusterFormerQAEncoder(TransformerEncoder):
         self.args = args
         self.settings = settings
         self.bos, self.eos = dictionary.bos(), dictionary.eos()
+        # --autocast-bf16 outside training (compat.autocast_bf16.set_bf16_layers): the layers in bfloat16, the last
+        # layer norm and the heads in float32
+        self.bf16_layers = False
         # the first layer's windows carry their own position embeddings, so it always merges whole layer outputs
         first = dataclasses.replace(settings, window_merge="layer")
         self.layers.extend(build_layer(i + 1, first if i == 0 else settings, plan) for i in range(args.encoder_layers))
@@ -116,6 +120,17 @@ class ClusterFormerQAEncoder(TransformerEncoder):
         x = x.reshape(bsz, -1, x.size(-1))  # B x K*W x C
         window_pad = tokens.eq(self.padding_idx).flatten(1)  # B x K*W
         flat_pad = flat.eq(self.padding_idx)  # B x S
+        with bf16_layers(x, self.bf16_layers):
+            x = self.run_layers(x, window_pad, flat_pad, layout)  # B x S x C
+        x = x.float() if self.bf16_layers else x
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        question_states, context_states = from_flat(x, layout)
+        question_pad, _ = from_flat(flat_pad, layout)
+        return QAEncoderOut(question_states, context_states[:, :length], ~question_pad, layout)
+
+    def run_layers(self, x: Tensor, window_pad: Tensor, flat_pad: Tensor, layout: QALayout) -> Tensor:
+        """The layer stack over B x K*W window states; returns the B x S flat states."""
         first, *rest = self.layers
         x = qa_window_pass(first, x, window_pad, layout.question_len, layout.context_len, True)  # B x S x C
         for layer in rest:
@@ -126,11 +141,7 @@ class ClusterFormerQAEncoder(TransformerEncoder):
                 x = layer(x, flat_pad, QAWindows(layout))
             else:
                 x = layer(x, flat_pad)  # long-range layers: all question copies and the context at once
-        if self.layer_norm is not None:
-            x = self.layer_norm(x)
-        question_states, context_states = from_flat(x, layout)
-        question_pad, _ = from_flat(flat_pad, layout)
-        return QAEncoderOut(question_states, context_states[:, :length], ~question_pad, layout)
+        return x
 
     def typed_embedding(self, windows: Tensor, layout: QALayout) -> Tensor | None:
         """Token plus token-type embeddings of windows ((B*K) x W ids), or None without token types (the base

@@ -17,6 +17,7 @@ from fairseq import checkpoint_utils
 from fairseq.models import ARCH_MODEL_REGISTRY, FairseqLanguageModel
 
 from fairseq_clusterformer.checkpoints.model_fit import checkpoint_arch
+from fairseq_clusterformer.compat.autocast_bf16 import set_bf16_layers, warn_if_bf16_is_slow
 from fairseq_clusterformer.layers.centroid_check import naming_checkpoint
 
 
@@ -54,14 +55,25 @@ def load_checkpoint(
 
 
 def load_model(
-    path: str | os.PathLike, arg_overrides: dict[str, Any], wanted: type, needed: str, cpu: bool = False
+    path: str | os.PathLike,
+    arg_overrides: dict[str, Any],
+    wanted: type,
+    needed: str,
+    cpu: bool = False,
+    bf16: bool = False,
 ) -> tuple[Any, Any, Any]:
     """(model in eval mode, cfg, task) of a checkpoint that holds a ``wanted``; on CUDA unless ``cpu`` or none is
-    there. Raises ValueError as ``load_checkpoint`` does."""
+    there; its layers under bfloat16 autocast with ``bf16`` (a script's ``--autocast-bf16``), in float32 otherwise,
+    whatever precision it was trained in. Raises ValueError as ``load_checkpoint`` does."""
+    arg_overrides = {**arg_overrides, "autocast_bf16": bf16}  # the task's build_model sets the layers' precision
+    if bf16:
+        warn_if_bf16_is_slow("cuda" if torch.cuda.is_available() and not cpu else "cpu")
     state = load_checkpoint(path, arg_overrides, wanted, needed)
     with naming_checkpoint(path):
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides, state=state)
     model = models[0].eval()
+    if bf16 or any(hasattr(module, "bf16_layers") for module in model.modules()):
+        set_bf16_layers(model, bf16)  # also for a checkpoint whose saved config predates the flag
     if torch.cuda.is_available() and not cpu:
         model.cuda()
     return model, cfg, task
