@@ -3,7 +3,7 @@ answer decoding on one batch of the first questions of every article of a split,
 question of the split (the prediction script batches the questions by length, so a batch holds one article's).
 
     OMP_NUM_THREADS=1 python benchmarks/qa_scoring_cost.py DATA_BIN --path CHECKPOINT [--per-article 8] \
-        [--batch-size 8] [--json cost.json]
+        [--batch-size 8] [--autocast-bf16] [--json cost.json]
 
 The model is loaded as qa-predict loads it, on the CPU; one untimed pass over a single question warms the allocator
 up first. Threads: torch's (OMP_NUM_THREADS). Wall seconds and this process's CPU seconds (its threads together)
@@ -31,6 +31,7 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="valid")
     parser.add_argument("--per-article", type=int, default=8, help="questions timed per article")
     parser.add_argument("--batch-size", type=int, default=8, help="questions per forward pass (qa-predict's flag)")
+    parser.add_argument("--autocast-bf16", action="store_true", help="layers in bfloat16 (qa-predict's flag)")
     parser.add_argument("--json", help="also write the figures here")
     return parser
 
@@ -47,7 +48,10 @@ def seconds_per_question(model, task, dataset, indices: list[int], batch_size: i
 
 def main(args: argparse.Namespace) -> dict:
     load_before = os.getloadavg()[0]
-    loaded = argparse.Namespace(data=args.data, path=args.path, max_context_eval=None, max_answer_tokens=None, cpu=True)
+    loaded = argparse.Namespace(
+        data=args.data, path=args.path, max_context_eval=None, max_answer_tokens=None, cpu=True,
+        autocast_bf16=args.autocast_bf16,
+    )  # fmt: skip
     model, task = load(loaded)
     task.load_dataset(args.split)
     dataset, data = task.dataset(args.split), task.split_data(args.split)

@@ -89,6 +89,23 @@ def test_recipe_expresses_the_hybrid_and_one_layer_runs_at_reduced_settings(tmp_
         assert proc.returncode == 2 and message in proc.stderr
 
 
+def test_recipe_takes_bfloat16_and_attention_dropout_and_names_the_run_after_them(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    args = ("--hf", tmp_path, "--dry-run", "--out", tmp_path / "o")
+    lines = recipe(*args, PRECISION="bf16", ATTENTION_DROPOUT="0").stdout
+    assert "--autocast-bf16" in lines and "ATTENTION_DROPOUT=0 " in lines
+    assert "paragraph_none-bf16-attdrop0_seed1/checkpoint_last.pt" in lines
+    lines = recipe(*args).stdout  # the defaults: float32, attention dropout 0.1, the run named as before
+    assert "--autocast-bf16" not in lines and "ATTENTION_DROPOUT=0.1 " in lines
+    assert "paragraph_none_seed1/checkpoint_last.pt" in lines
+    for env, message in [
+        (dict(PRECISION="fp16"), "PRECISION=fp16"),
+        (dict(ATTENTION_DROPOUT="1.5"), "ATTENTION_DROPOUT=1.5"),
+    ]:
+        proc = recipe(*args, **env)
+        assert proc.returncode == 2 and message in proc.stderr
+
+
 def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
     """fairseq's --stop-time-hours counts the hours saved in the checkpoint: passing MAX_HOURS again would stop a
     resumed run after one update. A finished run is not trained again."""
