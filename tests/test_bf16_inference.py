@@ -187,3 +187,22 @@ def test_a_device_with_native_bfloat16_gets_no_warning(monkeypatch, caplog):
     with caplog.at_level(logging.INFO):
         autocast_bf16.warn_if_bf16_is_slow("cpu")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_layers_gelu_on_bfloat16_equals_fairseqs_without_a_float32_copy():
+    """fairseq's gelu computes gelu(h.float()).type_as(h); the layer's own on bfloat16 states gives the same bits."""
+    from fairseq import utils as fairseq_utils
+
+    from fairseq_clusterformer.layers.settings import LayerSettings
+    from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
+
+    layer = SlidingWindowLayer(LayerSettings(embed_dim=16, ffn_dim=32, heads=2, window_size=8, window_stride=4,
+                                             activation_fn="gelu"))  # fmt: skip
+    h = (torch.randn(3, 50, 32) * 4).to(torch.bfloat16)
+    ours = layer._activation(h)
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours, fairseq_utils.get_activation_fn("gelu")(h))
+    with torch.profiler.profile() as prof:
+        layer._activation(h)
+    assert not [e for e in prof.events() if e.name in ("aten::_to_copy", "aten::copy_")]
+    h32 = torch.randn(3, 50, 32)
+    assert torch.equal(layer._activation(h32), fairseq_utils.get_activation_fn("gelu")(h32))

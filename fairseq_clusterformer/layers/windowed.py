@@ -233,9 +233,17 @@ class WindowedTransformerLayer(nn.Module):
     def _feed_forward(self, y: Tensor) -> Tensor:
         s = self.settings
         h = self.final_layer_norm(y) if s.normalize_before else y
-        h = self._dropout(self.activation_fn(self.fc1(h)), s.activation_dropout)
+        h = self._dropout(self._activation(self.fc1(h)), s.activation_dropout)
         y = y + self._dropout(self.fc2(h), s.dropout)
         return y if s.normalize_before else self.final_layer_norm(y)
+
+    def _activation(self, h: Tensor) -> Tensor:
+        # fairseq's gelu computes gelu(h.float()).type_as(h): on bfloat16 states under autocast that is two copies of the
+        # B x T x F hidden states a layer (and their backward); torch's gelu takes bfloat16 as it is, computing in
+        # float32 inside its kernel, with the same bfloat16 result
+        if h.dtype == torch.bfloat16 and self.settings.activation_fn == "gelu":
+            return nn.functional.gelu(h)
+        return self.activation_fn(h)
 
     def _dropout(self, x: Tensor, p: float) -> Tensor:
         return nn.functional.dropout(x, p=p, training=self.training) if p > 0 else x
