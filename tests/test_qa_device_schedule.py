@@ -106,6 +106,18 @@ def test_waiting_runs_start_only_when_they_are_projected_to_end_in_time(tmp_path
     assert third.status == "waiting"
 
 
+def test_a_run_that_has_not_advanced_in_its_window_starts_nothing_and_divides_nothing(tmp_path, cleanup):
+    """On a loaded machine a measured run may log no update in its window (rate 0): the controller neither projects
+    with it (a division by zero once ended the device call) nor starts more runs on it."""
+    control, (first, second), runs = controller(tmp_path, 2, initial=1, stop_after=400.0)
+    cleanup.append(control)
+    control.step(T0)
+    runs.progress(first, 10)
+    control.step(T0 + 5)
+    control.step(T0 + 60)  # measured over 55 s, no update since: rate 0
+    assert first.status == "train" and second.status == "waiting"
+
+
 def test_at_the_stop_time_every_stage_is_stopped_and_waiting_runs_are_not_started(tmp_path):
     control, (first, second), runs = controller(tmp_path, 2, initial=1)
     control.step(T0)

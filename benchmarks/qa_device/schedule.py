@@ -195,7 +195,11 @@ class Controller:
             for state in waiting[: max(0, self.initial - len(self.active("train", "predict", "reach")))]:
                 self.start(state, now)
             return
-        slowdown = len(running) / (len(running) + 1)
+        rates = [rate for rate in rates if rate > 0]
+        if not rates:  # measured, but no run has advanced in its window (a loaded machine): nothing to project with
+            return
+        # the next run shares the device with the running ones; alone (only finished rates to go by) it has it all
+        slowdown = len(running) / (len(running) + 1) if running else 1.0
         startups = [s.times["first_update"] - s.times["train_start"] for s in self.states if "first_update" in s.times]
         startup = sum(startups) / len(startups) if startups else self.startup_s
         nxt = waiting[0]

@@ -238,9 +238,9 @@ class WindowedTransformerLayer(nn.Module):
         return y if s.normalize_before else self.final_layer_norm(y)
 
     def _activation(self, h: Tensor) -> Tensor:
-        # fairseq's gelu computes gelu(h.float()).type_as(h): on bfloat16 states under autocast that is two copies of the
-        # B x T x F hidden states a layer (and their backward); torch's gelu takes bfloat16 as it is, computing in
-        # float32 inside its kernel, with the same bfloat16 result
+        # fairseq's gelu computes gelu(h.float()).type_as(h): on bfloat16 states under autocast that is two copies of
+        # the B x T x F hidden states a layer (and their backward); torch's gelu takes bfloat16 as it is, computing
+        # in float32 inside its kernel, with the same bfloat16 result
         if h.dtype == torch.bfloat16 and self.settings.activation_fn == "gelu":
             return nn.functional.gelu(h)
         return self.activation_fn(h)
