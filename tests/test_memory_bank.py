@@ -204,3 +204,20 @@ def test_masked_add_equals_adding_only_the_real_finite_rows(capacity, batches):
     resumed = MemoryBank(capacity=capacity)
     resumed.load_state_dict(masked.state_dict())
     assert torch.equal(resumed.contents(), reference.contents())
+
+
+def test_a_deep_copy_keeps_the_contents_and_the_subsampling_generator_apart_from_the_original():
+    """fairseq's model EMA deep-copies the model the banks hang on; torch 2.0 cannot deep-copy a torch.Generator."""
+    import copy
+
+    bank = MemoryBank(capacity=20, sample_per_batch=3, seed=5, dim=4)
+    bank.add(torch.randn(10, 4))
+    twin = copy.deepcopy(bank)
+    assert twin._generator is not bank._generator
+    assert torch.equal(twin.contents(), bank.contents())
+    states = torch.randn(10, 4)
+    bank.add(states)
+    twin.add(states)
+    assert torch.equal(twin.contents(), bank.contents())  # the same rows drawn: the generator's state was copied
+    twin.add(torch.randn(10, 4))
+    assert len(twin) == 9 and len(bank) == 6  # and the copy's buffer is its own

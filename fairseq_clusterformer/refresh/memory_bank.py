@@ -11,6 +11,8 @@ draws its sample on the host generator from the number of finite rows, so that p
 batch): a draw on the device would pick other rows than the runs so far.
 """
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -66,6 +68,20 @@ class MemoryBank:
         self.last_destination: Tensor | None = None  # N: the rows the last add wrote (M = not kept), or None
         if dim is not None:
             self._allocate(dim)
+
+    def __deepcopy__(self, memo: dict) -> "MemoryBank":
+        """A deep copy (fairseq's model EMA deep-copies the model the banks hang on). torch.Generator deep-copies
+        only from torch 2.1 on (torch 2.0: "cannot pickle 'torch._C.Generator' object"): its state is copied here."""
+        copied = object.__new__(type(self))
+        memo[id(self)] = copied
+        for name, value in self.__dict__.items():
+            if name == "_generator":
+                value, state = torch.Generator(), value.get_state()
+                value.set_state(state)
+            else:
+                value = copy.deepcopy(value, memo)
+            setattr(copied, name, value)
+        return copied
 
     @property
     def dim(self) -> int | None:
