@@ -72,8 +72,8 @@ def load_model(
     with naming_checkpoint(path):
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides, state=state)
     model = models[0].eval()
-    if bf16 or any(hasattr(module, "bf16_layers") for module in model.modules()):
-        set_bf16_layers(model, bf16)  # also for a checkpoint whose saved config predates the flag
+    if bf16:  # also for a checkpoint whose saved config predates the flag (the override above then sets nothing)
+        set_bf16_layers(model)
     if torch.cuda.is_available() and not cpu:
         model.cuda()
     return model, cfg, task
