@@ -95,6 +95,9 @@ def test_recipe_takes_bfloat16_and_attention_dropout_and_names_the_run_after_the
     lines = recipe(*args, PRECISION="bf16", ATTENTION_DROPOUT="0").stdout
     assert "--autocast-bf16" in lines and "ATTENTION_DROPOUT=0 " in lines
     assert "paragraph_none-bf16-attdrop0_seed1/checkpoint_last.pt" in lines
+    # the scoring takes the run's precision too (a whole-article scoring in float32 costs twice the CPU time)
+    predict = next(line for line in lines.splitlines() if "qa.scripts.predict" in line)
+    assert "--autocast-bf16" in predict
     lines = recipe(*args).stdout  # the defaults: float32, attention dropout 0.1, the run named as before
     assert "--autocast-bf16" not in lines and "ATTENTION_DROPOUT=0.1 " in lines
     assert "paragraph_none_seed1/checkpoint_last.pt" in lines

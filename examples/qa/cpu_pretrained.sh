@@ -24,7 +24,8 @@
 # Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
 #   paper's placement scaled to 6 layers; 6 alone: the paper's share of converted layers), LONG_RANGE_MODE (replace:
 #   the paper's layer | hybrid: the sliding window kept, the long-range attention added through a gate that starts
-#   at 0; docs/qa.md), PRECISION (fp32 | bf16: --autocast-bf16, matrix products in bfloat16; docs/cpu_speed.md),
+#   at 0; docs/qa.md), PRECISION (fp32 | bf16: --autocast-bf16 in fine-tuning and scoring, matrix products in
+#   bfloat16; docs/cpu_speed.md),
 #   ATTENTION_DROPOUT (0.1; 0 lets the CPU take its fused attention kernel, docs/cpu_speed.md), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
 #   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
@@ -154,6 +155,7 @@ fi
 # 5. the last checkpoint on every held-out question, beside the span baselines
 run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.qa.scripts.predict "$SQUAD/bin" \
     --path "$OUT/$NAME/checkpoint_last.pt" --split valid --output "$OUT/$NAME/valid.pred.json" --batch-size 8 --cpu \
+    "${PRECISION_FLAGS[@]}" \
     | log "$OUT/$NAME/eval.log"
 run python -m fairseq_clusterformer.qa.scripts.baselines --train "$SQUAD/jsonl/train.jsonl" \
     --eval "$SQUAD/jsonl/valid.jsonl" --seed 1 --predictions "$NAME=$OUT/$NAME/valid.pred.json" \
