@@ -17,6 +17,8 @@ RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
 
 
 def recipe(*args, timeout=60, **env):
+    """The recipe in float32 unless ``env`` says otherwise: its default, PRECISION=auto, depends on the CPU."""
+    env = {"PRECISION": "fp32", **env}
     full_env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env)
     return subprocess.run(["bash", RECIPE, *map(str, args)], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)  # fmt: skip
@@ -98,11 +100,12 @@ def test_recipe_takes_bfloat16_and_attention_dropout_and_names_the_run_after_the
     # the scoring takes the run's precision too (a whole-article scoring in float32 costs twice the CPU time)
     predict = next(line for line in lines.splitlines() if "qa.scripts.predict" in line)
     assert "--autocast-bf16" in predict
-    lines = recipe(*args).stdout  # the defaults: float32, attention dropout 0.1, the run named as before
+    lines = recipe(*args).stdout  # float32: attention dropout 0.1, the run named as before
     assert "--autocast-bf16" not in lines and "ATTENTION_DROPOUT=0.1 " in lines
     assert "paragraph_none_seed1/checkpoint_last.pt" in lines
+    assert "ATTENTION_DROPOUT=0.1 " in recipe(*args, PRECISION="bf16", ATTENTION_DROPOUT="0.1").stdout
     for env, message in [
-        (dict(PRECISION="fp16"), "PRECISION=fp16"),
+        (dict(PRECISION="fp16"), "PRECISION=fp16: expected auto, fp32 or bf16"),
         (dict(ATTENTION_DROPOUT="1.5"), "ATTENTION_DROPOUT=1.5"),
     ]:
         proc = recipe(*args, **env)
@@ -162,3 +165,32 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     context = " ".join(p["context"] for p in held_out["paragraphs"])
     answers = json.loads((run / "valid.pred.json").read_text())
     assert len(answers) == questions and all(a in context for a in answers.values())
+
+
+def test_the_default_precision_is_what_this_cpu_multiplies_fastest(tmp_path):
+    """PRECISION=auto (the default): bfloat16 with attention dropout 0 where the CPU multiplies bfloat16 at twice
+    float32's rate or more, float32 with dropout 0.1 elsewhere; the log says which and why."""
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        from cpu_precision import choose
+    finally:
+        sys.path.pop(0)
+    assert choose(103.0, 443.0) == "bf16"  # AMD EPYC with avx512_bf16 (benchmarks/results/cpu_bf16)
+    assert choose(96.0, 21.0) == "fp32"  # no native bfloat16: converted inside every product
+    assert choose(100.0, 150.0) == "fp32"  # a noisy or slow bfloat16 is not taken
+    probe = subprocess.run([sys.executable, REPO / "examples" / "cpu_precision.py"], capture_output=True, text=True)
+    assert probe.returncode == 0 and probe.stdout.strip() in ("bf16", "fp32"), probe.stderr
+    assert "GFLOP/s" in probe.stderr
+    (tmp_path / "config.json").write_text("{}")
+    env = {key: value for key, value in os.environ.items() if key not in ("PRECISION", "ATTENTION_DROPOUT")}
+    proc = subprocess.run(
+        ["bash", RECIPE, "--hf", tmp_path, "--dry-run", "--out", tmp_path / "o"], capture_output=True, text=True,
+        env=dict(env, PATH=f"{Path(sys.executable).parent}:{env['PATH']}"), cwd=REPO, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    chosen = "bf16" if "--autocast-bf16" in proc.stdout else "fp32"
+    assert f"| PRECISION=auto: {chosen} on this CPU" in proc.stdout
+    if chosen == "bf16":
+        assert "ATTENTION_DROPOUT=0 " in proc.stdout and "paragraph_none-bf16-attdrop0_seed1/" in proc.stdout
+    else:
+        assert "ATTENTION_DROPOUT=0.1 " in proc.stdout and "paragraph_none_seed1/" in proc.stdout

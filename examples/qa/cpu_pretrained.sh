@@ -24,9 +24,10 @@
 # Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
 #   paper's placement scaled to 6 layers; 6 alone: the paper's share of converted layers), LONG_RANGE_MODE (replace:
 #   the paper's layer | hybrid: the sliding window kept, the long-range attention added through a gate that starts
-#   at 0; docs/qa.md), PRECISION (fp32 | bf16: --autocast-bf16 in fine-tuning and scoring, matrix products in
-#   bfloat16; docs/cpu_speed.md),
-#   ATTENTION_DROPOUT (0.1; 0 lets the CPU take its fused attention kernel, docs/cpu_speed.md), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
+#   at 0; docs/qa.md), PRECISION (auto: bf16 where this CPU multiplies bfloat16 natively, examples/cpu_precision.py,
+#   else fp32 | fp32 | bf16: --autocast-bf16 in fine-tuning and scoring, matrix products in bfloat16;
+#   docs/cpu_speed.md), ATTENTION_DROPOUT (0 under bf16: the CPU's fused attention kernel, docs/cpu_speed.md; 0.1
+#   under fp32), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
 #   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
 #   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours).
@@ -36,6 +37,7 @@
 set -euo pipefail
 
 DATA=examples/data/squad OUT=data-bin/qa/pretrained HF="" CONTEXTS=paragraph DRY=0 PREPARE_ONLY=0
+here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=../recipe_args.sh
 source "$(dirname "$0")/../recipe_args.sh"
 recipe_flag --hf HF DIR
@@ -73,11 +75,19 @@ esac
 [[ "$KIND" == none || "$LONG_RANGE_LAYERS" == 5,6 ]] || VARIANT="$VARIANT-layer${LONG_RANGE_LAYERS//,/-}"
 # the precision and the attention dropout change the run, so they name it too when not the defaults (a run folder
 # made with other settings would otherwise be resumed as this one)
-PRECISION="${PRECISION:-fp32}" ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-0.1}"
+# auto (the default): bfloat16 where this CPU multiplies it natively, with attention dropout 0 (the fused attention
+# kernel): table a measured that pair against float32 with dropout 0.1 (EM within the seed spread, F1 0.5 higher;
+# benchmarks/results/qa_pretrained/README.md); float32 with dropout 0.1 elsewhere
+PRECISION="${PRECISION:-auto}"
+if [[ "$PRECISION" == auto ]]; then
+    PRECISION="$(python "$here/../cpu_precision.py")" || recipe_die "PRECISION=auto: cannot measure this CPU's rates (above)"
+    echo "| PRECISION=auto: $PRECISION on this CPU"
+fi
+case "$PRECISION" in bf16) ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-0}" ;; *) ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-0.1}" ;; esac
 case "$PRECISION" in
     fp32) PRECISION_FLAGS=() ;;
     bf16) PRECISION_FLAGS=(--autocast-bf16) VARIANT="$VARIANT-bf16" ;;
-    *) echo "$0: PRECISION=$PRECISION: expected fp32 or bf16" >&2; exit 2 ;;
+    *) echo "$0: PRECISION=$PRECISION: expected auto, fp32 or bf16" >&2; exit 2 ;;
 esac
 [[ "$ATTENTION_DROPOUT" =~ ^(0|0?\.[0-9]+)$ ]] ||
     { echo "$0: ATTENTION_DROPOUT=$ATTENTION_DROPOUT: expected a probability like 0.1 or 0" >&2; exit 2; }
@@ -86,7 +96,6 @@ SEED="${SEED:-1}" UPDATES="${UPDATES:-3000}" LR="${LR:-5e-5}" BATCH="${BATCH:-16
 WARMUP="${WARMUP:-$((UPDATES / 10))}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-12000}" CLUSTERS="${CLUSTERS:-64}"
 KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MEMORY="${MEMORY:-50000}" TRAIN_ARTICLES="${TRAIN_ARTICLES:-40}"
 THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}"
-here="$(cd "$(dirname "$0")" && pwd)"
 run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 log() { if ((DRY)); then cat; else tee "$@"; fi; }
 # updates done and hours trained, from checkpoint_last.pt of run $1 (0 0 where there is none)
