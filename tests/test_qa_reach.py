@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from fairseq_clusterformer.layers.hybrid import GATE_GAIN
 from fairseq_clusterformer.ops import cluster_stats as stats
 from fairseq_clusterformer.ops.clustering import cluster_size_entropy
 from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
@@ -97,21 +98,22 @@ def qa_data(tmp_path_factory):
     return shared_data(tmp_path_factory)
 
 
-def train(qa_data, tmp_path_factory, kind):
+def train(qa_data, tmp_path_factory, kind, *extra):
     save_dir = tmp_path_factory.mktemp(f"qa_reach_{kind}")
     # TRAIN's own --memory-size / --cluster-update-interval come first: the later ones below win
-    run_ok("fairseq-train", qa_data, *TRAIN, *QUICK, "--long-range-layer", kind, "--save-dir", save_dir)
+    run_ok("fairseq-train", qa_data, *TRAIN, *QUICK, "--long-range-layer", kind, "--save-dir", save_dir, *extra)
     return save_dir / "checkpoint_last.pt"
 
 
 @pytest.fixture(scope="module")
 def reports(qa_data, tmp_path_factory):
     out = {}
-    for kind in ("cluster", "none"):
-        checkpoint = train(qa_data, tmp_path_factory, kind)
+    for name, kind, extra in [("cluster", "cluster", ()), ("none", "none", ()),
+                              ("hybrid", "cluster", ("--long-range-mode", "hybrid"))]:  # fmt: skip
+        checkpoint = train(qa_data, tmp_path_factory, kind, *extra)
         path = checkpoint.parent / "reach.json"
         printed = run_ok("fairseq-clusterformer-qa-reach", qa_data, "--path", checkpoint, "--json", path, "--cpu")
-        out[kind] = (json.loads(path.read_text()), printed)
+        out[name] = (json.loads(path.read_text()), printed)
     return out
 
 
@@ -160,6 +162,24 @@ def test_reach_reports_shares_for_cluster_and_sliding_window_checkpoints(reports
         assert 0.0 <= row["entropy_bits"] <= row["max_entropy_bits"] == pytest.approx(4.0)
         assert 0.0 <= row["empty_clusters"] <= 16 and row["clusters"] == 16
     assert "in answer par." in printed and "cluster" in printed
+    assert all("far_gates" not in row for row in cluster["rows"]) and "hybrid" not in printed
+
+
+@pytest.mark.e2e
+def test_reach_reports_the_gates_of_hybrid_layers(reports):
+    """A hybrid layer's row has its heads' gates, read from the checkpoint: opened by training from 0 (the gate gets
+    a gradient from the first update), each within (-1, 1)."""
+    hybrid, printed = reports["hybrid"]
+    layers = hybrid["rows"][1:]
+    assert [row["layer"] for row in layers] == ["2", "4"]
+    for row in layers:
+        state = torch.load(hybrid["checkpoint"], map_location="cpu", weights_only=False)["model"]
+        raw = state[f"encoder.sentence_encoder.layers.{int(row['layer']) - 1}.long_range_gate"]
+        assert row["far_gates"] == pytest.approx(torch.tanh(GATE_GAIN * raw.float()).tolist(), abs=1e-6)
+        assert len(row["far_gates"]) == 4 and all(-1.0 < g < 1.0 for g in row["far_gates"])
+        assert 0.0 < row["mean_abs_far_gate"] < 1.0
+        assert row["outside_window_share"] > 0.0
+        assert f"layer {row['layer']} (hybrid): far attention added per head" in printed
 
 
 @pytest.mark.e2e

@@ -70,11 +70,13 @@ class HybridLongRange(SortedWindowLayer):
         self.observe(x, padding_mask, ids)
         return out
 
+    def head_gates(self) -> Tensor:
+        """H: each head's gate, tanh(GATE_GAIN * g): the multiple of its far attention added to its local one."""
+        return torch.tanh(GATE_GAIN * self.long_range_gate)
+
     def far_share(self) -> Tensor:
         """C: the gate of each channel's head."""
-        return torch.tanh(GATE_GAIN * self.long_range_gate).repeat_interleave(
-            self.settings.embed_dim // self.settings.heads
-        )
+        return self.head_gates().repeat_interleave(self.settings.embed_dim // self.settings.heads)
 
     @compilable
     def attend(self, x: Tensor, padding_mask: Tensor | None, local: Windowing | None = None) -> tuple[Tensor, Tensor]:

@@ -14,8 +14,9 @@ Per layer, averaged over the questions (one with no gold answer in the model's c
 cluster (bucket) sizes over the real context tokens (entropy in bits, largest share, empty clusters); of the context
 keys the question tokens attend to, the share in the gold answer's paragraph against the uniform share (paragraph
 length / context length); the share of their keys outside their own sliding window (what the layer adds over it; 0
-for the sliding window) and of those, the share in the answer's paragraph. docs/qa.md says more. A checkpoint
-trained with --long-range-layer none has the sliding-window row only.
+for the sliding window) and of those, the share in the answer's paragraph; for a hybrid layer (``--long-range-mode
+hybrid``) also its gates, how much of that far attention each head adds to its sliding window. docs/qa.md says
+more. A checkpoint trained with --long-range-layer none has the sliding-window row only.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Row:
     outside_paragraph: list[tuple[float, float]] = field(default_factory=list)
     keys: list[float] = field(default_factory=list)  # attended keys per question token
     sizes: list[tuple[float, float, int]] = field(default_factory=list)  # size_summary per example
+    gates: list[float] | None = None  # a hybrid layer's tanh(gain * g) per head: how much far attention it adds
 
     def add(self, pairs: Tensor, own_window: Tensor, context: Tensor, paragraph: Tensor, uniform: float) -> None:
         """pairs / own_window: 1 x N x S (the question tokens' rows); context / paragraph: 1 x S key sets."""
@@ -104,6 +106,8 @@ class Row:
             "outside_window_uniform_share": mean([u for _, u in self.outside_paragraph]),
             "keys_per_question_token": mean(self.keys),
         }
+        if self.gates is not None:
+            out.update(far_gates=self.gates, mean_abs_far_gate=mean([abs(g) for g in self.gates]))
         if self.clusters:
             out.update(
                 clusters=self.clusters,
@@ -165,6 +169,9 @@ def measure(model, task, split: str, max_examples: int | None) -> tuple[list[Row
             raise ValueError(f"layer {number} is a {type(layer).__name__}: qa-reach knows no attention layout for it")
     window_row = Row("sliding window", "sliding_window")
     rows = {number: Row(str(number), layer.kind, layer.num_groups) for number, layer in long_range}
+    for number, layer in long_range:
+        if getattr(layer, "hybrid", False):  # the far branch's weight: the statistics below say where it looks
+            rows[number].gates = layer.head_gates().tolist()
     captured: dict[int, tuple[Tensor, Tensor]] = {}
 
     def capture(number: int):
@@ -249,6 +256,13 @@ def print_table(report: dict[str, Any]) -> None:
             f"{fmt(row['outside_window_paragraph_share']):>18}{fmt(row['outside_window_uniform_share']):>9}"
             f"{entropy:>14}{fmt(row.get('largest_share')):>9}{fmt(row.get('empty_clusters'), 1):>7}"
         )
+    for row in report["rows"]:
+        if "far_gates" in row:
+            gates = " ".join(f"{g:+.2f}" for g in row["far_gates"])
+            print(
+                f"layer {row['layer']} (hybrid): far attention added per head, tanh(gain * gate): {gates} "
+                f"(mean |gate| {fmt(row['mean_abs_far_gate'])}; 0 = the sliding window alone)"
+            )
     if len(report["rows"]) == 1:
         print("no long-range layer: the sliding window's keys only (its outside-window share is 0 by construction)")
 
