@@ -165,6 +165,25 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     context = " ".join(p["context"] for p in held_out["paragraphs"])
     answers = json.loads((run / "valid.pred.json").read_text())
     assert len(answers) == questions and all(a in context for a in answers.values())
+    # the run, collected as a results folder (settings parsed from the command that ran), gives table b's row
+    results = tmp_path / "results"
+    collect = [sys.executable, REPO / "benchmarks" / "qa_cpu_collect.py", run, "--results", results]
+    proc = subprocess.run([*collect, "--train-seconds", "12"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    collected = json.loads((results / "article_cluster_seed3" / "summary.json").read_text())
+    assert collected["exact_match"] == row["exact_match"] and collected["f1"] == row["f1"]
+    settings = collected["settings"]
+    assert (settings["kind"], settings["variant"], settings["seed"]) == ("cluster", "cluster", 3)
+    assert settings["updates"] == 6
+    assert (settings["kmeans_interval"], settings["clusters"], settings["precision"]) == (3, 4, "fp32")
+    assert settings["max_context_train"] == 256 and settings["long_range_layers"] == "5,6"
+    proc = subprocess.run(collect, capture_output=True, text=True, cwd=REPO)  # results are not overwritten
+    assert proc.returncode == 2 and "exists" in proc.stderr
+    table = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", results, "--squad",
+             data / "dev-v1.1.json", "--held-out-from", "2"]  # fmt: skip
+    proc = subprocess.run(table, capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert f"seed 3 | {row['exact_match']:.2f} | {row['f1']:.2f} |" in proc.stdout
 
 
 def test_the_default_precision_is_what_this_cpu_multiplies_fastest(tmp_path):

@@ -140,7 +140,8 @@ def reach_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rows.append({"run": run["name"], "layer": layer["layer"], "questions": layer["questions"],
                          **{k: layer.get(k) for k in ("outside_window_share", "outside_window_paragraph_share",
                                                       "outside_window_uniform_share", "paragraph_share",
-                                                      "uniform_share", "entropy_bits", "max_entropy_bits")},
+                                                      "uniform_share", "entropy_bits", "max_entropy_bits",
+                                                      "mean_abs_far_gate")},
                          "window_paragraph_share": window["paragraph_share"]})  # fmt: skip
     return rows
 
@@ -189,11 +190,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["Where question tokens look (fairseq-clusterformer-qa-reach): of their keys outside their own "
                   "window, the share in the answer's paragraph, against the paragraph's share of the context:", "",
                   "| run | layer | questions | outside own window | of those in answer paragraph | uniform | "
-                  "sliding window: in answer paragraph |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+                  "sliding window: in answer paragraph | hybrid gate, mean abs |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for r in report["reach"]:
             lines.append(f"| {r['run']} | {r['layer']} | {r['questions']} | {fmt(r['outside_window_share'], 3)} | "
                          f"{fmt(r['outside_window_paragraph_share'], 3)} | {fmt(r['outside_window_uniform_share'], 3)}"
-                         f" | {fmt(r['window_paragraph_share'], 3)} |")  # fmt: skip
+                         f" | {fmt(r['window_paragraph_share'], 3)} | {fmt(r.get('mean_abs_far_gate'), 3)} |"
+                         )  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -1,0 +1,149 @@
+"""Collect one finished run of examples/qa/cpu_pretrained.sh into a results folder that
+``python -m fairseq_clusterformer.qa.scripts.table`` reads (the layout of benchmarks/qa_device's results), so that CPU
+runs, committed one at a time over several sessions, give table b's rows and paired intervals.
+
+    python benchmarks/qa_cpu_collect.py data-bin/qa/reduced/article_cluster-hybrid-bf16-attdrop0_seed1 \
+        --results benchmarks/results/qa_pretrained/cpu_reduced [--reach reach.json] [--train-seconds 2130]
+
+It reads what the recipe left: RUN/summary.json (EM / F1 and the span baselines), RUN/valid.pred.json, RUN/eval.log,
+and RUN.train.log beside RUN (the `+ fairseq-train ...` command line that train.sh echoes, and fairseq's progress
+lines). The settings are parsed from that command, not restated by hand: what ran is what is recorded. It writes
+RESULTS/CONTEXTS_VARIANT_seedSEED/ (VARIANT: the kind, -hybrid, -layerN as benchmarks/qa_device names them; the
+precision and attention dropout, the same for every row of one results folder, are settings, not part of the name):
+summary.json (settings, EM / F1, the CPU's model name, seconds), valid.pred.json, eval.log, command.txt,
+train_inner.log, and reach.json when given. An existing run folder there is refused: results are not overwritten.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+# fairseq-train flag -> (settings key, type)
+FLAGS = {
+    "--long-range-layer": ("kind", str),
+    "--long-range-mode": ("long_range_mode", str),
+    "--long-range-layers": ("long_range_layers", str),
+    "--seed": ("seed", int),
+    "--max-update": ("updates", int),
+    "--lr": ("lr", float),
+    "--warmup-updates": ("warmup", int),
+    "--batch-size": ("batch", int),
+    "--max-question-tokens": ("max_question", int),
+    "--max-context-train": ("max_context_train", int),
+    "--max-context-eval": ("max_context_eval", int),
+    "--num-clusters": ("clusters", int),
+    "--cluster-update-interval": ("kmeans_interval", int),
+    "--memory-size": ("memory", int),
+    "--window-size": ("window", int),
+    "--window-stride": ("stride", int),
+    "--dropout": ("dropout", float),
+    "--attention-dropout": ("attention_dropout", float),
+}
+
+
+def fail(why: str) -> None:
+    print(f"qa_cpu_collect.py: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
+def command_settings(command: str) -> dict[str, Any]:
+    """The settings of a `+ fairseq-train ...` line; the last occurrence of a flag wins, as in fairseq."""
+    words = shlex.split(command.lstrip("+ "))
+    settings: dict[str, Any] = {"long_range_mode": "replace", "long_range_layers": "5,6"}
+    for i, word in enumerate(words[:-1]):
+        if word in FLAGS:
+            key, cast = FLAGS[word]
+            settings[key] = cast(words[i + 1])
+    settings["precision"] = "autocast-bf16" if "--autocast-bf16" in words else "fp32"
+    missing = sorted({key for key, _ in FLAGS.values()} - set(settings))
+    if missing:
+        fail(f"the fairseq-train command lacks the settings {missing}: {command[:200]}")
+    return settings
+
+
+def variant(settings: dict[str, Any]) -> str:
+    """benchmarks/qa_device's row name: KIND, then -hybrid, then -layerN-M for layers other than 5,6."""
+    name = settings["kind"] + ("-hybrid" if settings["long_range_mode"] == "hybrid" else "")
+    if settings["kind"] != "none" and settings["long_range_layers"] != "5,6":
+        name += "-layer" + settings["long_range_layers"].replace(",", "-")
+    return name
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def collect(run: Path, results: Path, reach: Path | None, train_seconds: float | None) -> Path:
+    train_log = run.parent / f"{run.name}.train.log"
+    for path in (run / "summary.json", run / "valid.pred.json", run / "eval.log", train_log):
+        if not path.is_file():
+            fail(f"{path} not found: is {run} a finished run of examples/qa/cpu_pretrained.sh?")
+    lines = train_log.read_text(encoding="utf-8", errors="replace").splitlines()
+    commands = [line for line in lines if line.startswith("+ fairseq-train ")]
+    if not commands:
+        fail(f"{train_log} holds no '+ fairseq-train' line")
+    settings = command_settings(commands[-1])  # a resumed run's last call
+    settings["variant"] = variant(settings)
+    contexts = run.name.split("_")[0]
+    name = f"{contexts}_{settings['variant']}_seed{settings['seed']}"
+    recipe_summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    if run.name not in recipe_summary:
+        fail(f"{run / 'summary.json'} has no scores for {run.name}")
+    scores = recipe_summary[run.name]
+    progress = [line for line in lines if "| train_inner |" in line or "| INFO | train |" in line]
+    out = results / name
+    if out.exists():
+        fail(f"{out} exists: results are not overwritten (remove it to collect {run} again)")
+    out.mkdir(parents=True)
+    checkpoint = run / "checkpoint_last.pt"
+    # from the last checkpoint's write to the predictions' write: the scoring's wall time
+    predict_wall = None
+    if checkpoint.is_file():
+        predict_wall = (run / "valid.pred.json").stat().st_mtime - checkpoint.stat().st_mtime
+    summary = {
+        "run": name,
+        "recipe_run": run.name,
+        "settings": settings,
+        **{key: scores[key] for key in ("exact_match", "f1", "answered", "questions")},
+        "baselines": {key: value for key, value in recipe_summary.items() if key != run.name},
+        "device": f"{cpu_model()}, CPU",
+        "seconds": {
+            "train_wall": train_seconds,
+            "predict_wall": None if predict_wall is None else round(predict_wall),
+        },
+        "reach": reach is not None,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    shutil.copyfile(run / "valid.pred.json", out / "valid.pred.json")
+    shutil.copyfile(run / "eval.log", out / "eval.log")
+    (out / "command.txt").write_text(commands[-1] + "\n", encoding="utf-8")
+    (out / "train_inner.log").write_text("\n".join(progress) + "\n", encoding="utf-8")
+    if reach is not None:
+        shutil.copyfile(reach, out / "reach.json")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="the recipe's run folder, OUT/CONTEXTS_..._seedSEED")
+    parser.add_argument("--results", type=Path, required=True, help="where the run's folder goes")
+    parser.add_argument("--reach", type=Path, help="fairseq-clusterformer-qa-reach --json of this run's checkpoint")
+    parser.add_argument("--train-seconds", type=float, help="the recipe's '| fine-tuning RUN: N s'")
+    args = parser.parse_args(argv)
+    if args.reach is not None and not args.reach.is_file():
+        fail(f"--reach {args.reach} not found")
+    print(collect(args.run, args.results, args.reach, args.train_seconds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
