@@ -82,7 +82,9 @@ def cpu_model() -> str:
     return "unknown CPU"
 
 
-def collect(run: Path, results: Path, reach: Path | None, train_seconds: float | None) -> Path:
+def collect(
+    run: Path, results: Path, reach: Path | None, train_seconds: float | None, predict_cpu: float | None = None
+) -> Path:
     train_log = run.parent / f"{run.name}.train.log"
     for path in (run / "summary.json", run / "valid.pred.json", run / "eval.log", train_log):
         if not path.is_file():
@@ -119,6 +121,7 @@ def collect(run: Path, results: Path, reach: Path | None, train_seconds: float |
         "seconds": {
             "train_wall": train_seconds,
             "predict_wall": None if predict_wall is None else round(predict_wall),
+            "predict_cpu": predict_cpu,
         },
         "reach": reach is not None,
     }
@@ -138,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, required=True, help="where the run's folder goes")
     parser.add_argument("--reach", type=Path, help="fairseq-clusterformer-qa-reach --json of this run's checkpoint")
     parser.add_argument("--train-seconds", type=float, help="the recipe's '| fine-tuning RUN: N s'")
+    parser.add_argument("--predict-cpu-seconds", type=float, help="the scoring process's CPU seconds, where measured")
     args = parser.parse_args(argv)
     if args.reach is not None and not args.reach.is_file():
         fail(f"--reach {args.reach} not found")
-    print(collect(args.run, args.results, args.reach, args.train_seconds))
+    print(collect(args.run, args.results, args.reach, args.train_seconds, args.predict_cpu_seconds))
     return 0
 
 
