@@ -110,3 +110,20 @@ def test_compare_lm_writes_where_work_says_in_every_form_its_parser_takes(tmp_pa
     code, out = recipe("compare.sh", "--pre", "tiny", *row, cwd=tmp_path, PYTHON=sys.executable)  # an abbreviation
     assert code == 1 and (tmp_path / "compare-work" / "tiny" / "results.md").is_file(), out[-3000:]
     assert sorted(p.name for p in (tmp_path / "compare-work").iterdir()) == ["tiny"]
+
+
+@pytest.mark.parametrize(
+    ("precision", "runs", "message"),
+    [
+        ("fp16", ("none-s1",), "PRECISION=fp16: expected fp32 or bf16"),
+        ("bf16", ("none-s1", "full-s1"), "'full-s1' is fairseq's own transformer_lm"),
+    ],
+)
+def test_compare_refuses_a_precision_it_cannot_train_before_any_run(tmp_path, precision, runs, message):
+    work = tmp_path / "work"
+    (work / "data-bin").mkdir(parents=True)
+    (work / "data-bin" / "dict.txt").write_text("a 1\n")
+    before = snapshot(tmp_path)
+    code, out = recipe("code/compare.sh", "--work", work, *runs, cwd=tmp_path, UPDATES="1", PRECISION=precision)
+    assert code == 2 and message in out, out[-3000:]
+    assert snapshot(tmp_path) == before

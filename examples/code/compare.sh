@@ -16,7 +16,8 @@
 # from its own prefix by fairseq-clusterformer-causal-eval on the first CAUSAL_BLOCKS blocks (default 4).
 # Environment: the model and schedule of examples/code/README.md, each overridable as in train.sh: WINDOW (64),
 # TOKENS (1024), BATCH (4), CLUSTERS (64), LAYERS (3,4), UPDATES (2500), THREADS (1); two runs side by side use
-# both cores of a 2-core machine.
+# both cores of a 2-core machine. PRECISION (fp32 | bf16: training under --autocast-bf16, docs/cpu_speed.md; scoring
+# stays float32; give such runs their own --work, since a run's name does not say its precision).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 work=code-work
@@ -25,6 +26,11 @@ source "$repo/examples/recipe_args.sh"
 recipe_flag --work work DIR
 recipe_parse "$@"
 recipe_env int WINDOW TOKENS BATCH CLUSTERS UPDATES THREADS CAUSAL_BLOCKS
+case "${PRECISION:-fp32}" in
+  fp32) precision=() ;;
+  bf16) precision=(--autocast-bf16) ;;
+  *) echo "compare.sh: PRECISION=$PRECISION: expected fp32 or bf16" >&2; exit 2 ;;
+esac
 runs=(${RECIPE_ARGS[@]+"${RECIPE_ARGS[@]}"})
 if [ ${#runs[@]} -eq 0 ]; then
   for kind in full none cluster-strict cluster-strict-next cluster-paper lsh sparse; do runs+=("$kind-s1" "$kind-s2"); done
@@ -37,6 +43,8 @@ trained=()  # updates each run has done; a bad name or a checkpoint that cannot 
 for run in "${runs[@]}"; do
   [[ $run =~ ^(full|none|cluster-strict|cluster-strict-next|cluster-paper|lsh|sparse)-s[0-9]+$ ]] ||
     { echo "compare.sh: RUN must be KIND-sSEED with KIND full, none, cluster-strict, cluster-strict-next, cluster-paper, lsh or sparse, got '$run'" >&2; exit 2; }
+  [[ ${PRECISION:-fp32} == fp32 || $run != full-* ]] ||
+    { echo "compare.sh: PRECISION=bf16 takes the plug-in's task (--autocast-bf16); '$run' is fairseq's own transformer_lm" >&2; exit 2; }
   progress=$(python "$repo/examples/checkpoint_progress.py" "$work/ckpt/$run/checkpoint_last.pt") ||
     { echo "compare.sh: $run: cannot tell how far it trained (above); replace or move away that file" >&2; exit 2; }
   trained+=("${progress%% *}")
@@ -56,6 +64,7 @@ for i in "${!runs[@]}"; do
   if [ "${trained[i]}" -lt "$UPDATES" ]; then
     echo "$run: training (${trained[i]} of $UPDATES updates done), log $work/logs/$run.train.log"
     VALUES=$values bash "$repo/examples/longrange/train.sh" "$layer_kind" "$seed" "$data" "$save" --dropout 0.1 \
+      ${precision[@]+"${precision[@]}"} \
       >> "$work/logs/$run.train.log" 2>&1 || failed "$run: training" "$work/logs/$run.train.log"
     rm -f "$work/results/code/$run.json"  # scores of an earlier, shorter run
   fi
