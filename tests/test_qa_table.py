@@ -104,7 +104,7 @@ def test_the_report_gives_each_kind_its_seeds_and_the_paired_interval(tmp_path):
     # per question, cluster - none averaged over the seeds: q3 +100 (both seeds), the others 0: mean +25; a
     # resample's mean is 25 x (the q3 draws), Binomial(4, 1/4): P(<= 2) = 0.949 < 0.975 <= P(<= 3)
     assert "| `cluster` | 1 / 2 | +25.00 [+0.00, +75.00] | +25.00 [+0.00, +75.00] |" in lines
-    assert "| article_cluster_seed1 | 5 | 4 | 0.600 | 0.300 | 0.200 | 0.400 |" in lines
+    assert "| article_cluster_seed1 | 5 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | - |" in lines  # no hybrid gate
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["questions"] == 4 and report["paired"]["cluster"]["exact_match"]["mean"] == 25.0
     assert report["kinds"]["article"]["cluster"]["exact_match"] == [50.0, 75.0]
