@@ -82,7 +82,8 @@ def write_runs(root, em_of=None):
         (run / "summary.json").write_text(json.dumps(summary))
     layer = {"layer": "5", "questions": 4, "outside_window_share": 0.6, "outside_window_paragraph_share": 0.3,
              "outside_window_uniform_share": 0.2, "paragraph_share": 0.35, "uniform_share": 0.2}  # fmt: skip
-    reach = {"rows": [{"layer": "sliding window", "paragraph_share": 0.4}, layer]}
+    hybrid = {**layer, "layer": "6", "far_gates": [0.1, -0.3], "mean_abs_far_gate": 0.2}  # a hybrid layer's gates
+    reach = {"rows": [{"layer": "sliding window", "paragraph_share": 0.4}, layer, hybrid]}
     (root / "article_cluster_seed1" / "reach.json").write_text(json.dumps(reach))
 
 
@@ -105,6 +106,7 @@ def test_the_report_gives_each_kind_its_seeds_and_the_paired_interval(tmp_path):
     # resample's mean is 25 x (the q3 draws), Binomial(4, 1/4): P(<= 2) = 0.949 < 0.975 <= P(<= 3)
     assert "| `cluster` | 1 / 2 | +25.00 [+0.00, +75.00] | +25.00 [+0.00, +75.00] |" in lines
     assert "| article_cluster_seed1 | 5 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | - |" in lines  # no hybrid gate
+    assert "| article_cluster_seed1 | 6 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | 0.200 |" in lines
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["questions"] == 4 and report["paired"]["cluster"]["exact_match"]["mean"] == 25.0
     assert report["kinds"]["article"]["cluster"]["exact_match"] == [50.0, 75.0]
