@@ -24,6 +24,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench_common import cpu_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "qa_device"))
+from runs import VARIANTS  # noqa: E402  (benchmarks/qa_device/runs.py: the row names of table b)
+
 # fairseq-train flag -> (settings key, type)
 FLAGS = {
     "--long-range-layer": ("kind", str),
@@ -55,7 +60,7 @@ def fail(why: str) -> None:
 def command_settings(command: str) -> dict[str, Any]:
     """The settings of a `+ fairseq-train ...` line; the last occurrence of a flag wins, as in fairseq."""
     words = shlex.split(command.lstrip("+ "))
-    settings: dict[str, Any] = {"long_range_mode": "replace", "long_range_layers": "5,6"}
+    settings: dict[str, Any] = {}
     for i, word in enumerate(words[:-1]):
         if word in FLAGS:
             key, cast = FLAGS[word]
@@ -68,18 +73,14 @@ def command_settings(command: str) -> dict[str, Any]:
 
 
 def variant(settings: dict[str, Any]) -> str:
-    """benchmarks/qa_device's row name: KIND, then -hybrid, then -layerN-M for layers other than 5,6."""
-    name = settings["kind"] + ("-hybrid" if settings["long_range_mode"] == "hybrid" else "")
-    if settings["kind"] != "none" and settings["long_range_layers"] != "5,6":
-        name += "-layer" + settings["long_range_layers"].replace(",", "-")
-    return name
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+    """The row name benchmarks/qa_device gives the same kind, mode and layers, so that CPU and GPU rows read alike;
+    a combination it does not know is no row of table b."""
+    ran = (settings["kind"], settings["long_range_mode"], settings["long_range_layers"])
+    names = [name for name, spec in VARIANTS.items() if spec == ran or (ran[0] == "none" and spec[0] == "none")]
+    if not names:
+        fail(f"--long-range-layer {ran[0]} --long-range-mode {ran[1]} --long-range-layers {ran[2]}: no variant of "
+             f"benchmarks/qa_device/runs.py's VARIANTS ({', '.join(VARIANTS)})")  # fmt: skip
+    return names[0]
 
 
 def collect(

@@ -83,10 +83,9 @@ if [[ "$PRECISION" == auto ]]; then
     PRECISION="$(python "$here/../cpu_precision.py")" || recipe_die "PRECISION=auto: cannot measure this CPU's rates (above)"
     echo "| PRECISION=auto: $PRECISION on this CPU"
 fi
-case "$PRECISION" in bf16) ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-0}" ;; *) ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-0.1}" ;; esac
 case "$PRECISION" in
-    fp32) PRECISION_FLAGS=() ;;
-    bf16) PRECISION_FLAGS=(--autocast-bf16) VARIANT="$VARIANT-bf16" ;;
+    fp32) PRECISION_FLAGS=() ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-0.1}" ;;
+    bf16) PRECISION_FLAGS=(--autocast-bf16) VARIANT="$VARIANT-bf16" ATTENTION_DROPOUT="${ATTENTION_DROPOUT:-0}" ;;
     *) echo "$0: PRECISION=$PRECISION: expected auto, fp32 or bf16" >&2; exit 2 ;;
 esac
 [[ "$ATTENTION_DROPOUT" =~ ^(0|0?\.[0-9]+)$ ]] ||

@@ -51,10 +51,9 @@ def matmul_rates(size: int = 512, device: str = "cpu") -> tuple[float, float]:
     """(float32, bfloat16) matmul GFLOP/s on ``device``; on a CPU those of one thread: with several, a thread that
     waits for another one descheduled by a loaded machine spins and counts CPU time, which made bfloat16 measure
     slower than float32 on a loaded machine with native bfloat16 (a false warning)."""
-    if torch.device(device).type != "cpu":
-        return matmul_gflops(torch.float32, size, device=device), matmul_gflops(torch.bfloat16, size, device=device)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(1)
     try:
         return matmul_gflops(torch.float32, size, device=device), matmul_gflops(torch.bfloat16, size, device=device)
     finally:
