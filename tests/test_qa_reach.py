@@ -4,7 +4,10 @@ here from the binarised data alone."""
 
 import json
 import math
+import subprocess
+import sys
 from itertools import product
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from fairseq_clusterformer.layers.hybrid import GATE_GAIN
 from fairseq_clusterformer.ops import cluster_stats as stats
 from fairseq_clusterformer.ops.clustering import cluster_size_entropy
 from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
-from tests.conftest import run_cli, run_ok
+from tests.conftest import REPO, run_cli, run_ok
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_end_to_end import TRAIN
 
@@ -189,3 +192,44 @@ def test_reach_rejects_bad_input_naming_the_flag(qa_data, tmp_path):
     assert code != 0 and "--path" in out and "Traceback" not in out
     code, out = run_cli("fairseq-clusterformer-qa-reach", qa_data, "--path", missing, "--max-examples", "0")
     assert code != 0 and "--max-examples" in out and "Traceback" not in out
+
+
+def with_gates(checkpoint: Path, dest: Path, raw: float) -> Path:
+    """A copy of ``checkpoint`` whose hybrid layers' gates all hold ``raw`` (each head adds tanh(GATE_GAIN * raw) of
+    its far attention)."""
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+    gates = [key for key in state["model"] if key.endswith("long_range_gate")]
+    assert gates, "the hybrid fixture has gates"
+    for key in gates:
+        state["model"][key].fill_(raw)
+    torch.save(state, dest)
+    return dest
+
+
+@pytest.mark.e2e
+def test_gate_ablation_scores_as_trained_and_with_the_gates_closed(reports, qa_data, tmp_path):
+    """benchmarks/qa_gate_ablation.py: its two passes answer as qa-predict answers for the checkpoint and for a copy
+    of it whose gates are 0; with the gates opened wide (tanh(1) = 0.76) closing them changes answers; a checkpoint
+    without hybrid layers is refused, naming --path."""
+    hybrid = Path(reports["hybrid"][0]["checkpoint"])
+    opened = with_gates(hybrid, tmp_path / "opened.pt", 1.0 / GATE_GAIN)
+    closed = with_gates(hybrid, tmp_path / "closed.pt", 0.0)
+    script = [sys.executable, REPO / "benchmarks" / "qa_gate_ablation.py", qa_data, "--cpu", "--max-examples", "24"]
+    proc = subprocess.run([*script, "--path", opened, "--json", tmp_path / "a.json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "a.json").read_text())
+    assert report["questions"] == 24
+    for checkpoint, label in ((opened, "as_trained"), (closed, "gates_at_0")):
+        out = tmp_path / f"{label}.pred.json"
+        run_ok("fairseq-clusterformer-qa-predict", qa_data, "--path", checkpoint, "--output", out, "--cpu")
+        predicted = json.loads(out.read_text())
+        assert report["answers"][label] == {q: predicted[q] for q in report["answers"][label]}, label
+    changed = sum(report["answers"]["as_trained"][q] != a for q, a in report["answers"]["gates_at_0"].items())
+    assert report["answers_changed"] == changed > 0
+    for metric in ("exact_match", "f1"):
+        row = report[metric]
+        assert row["difference"] == pytest.approx(row["gates_at_0"] - row["as_trained"])
+        assert row["interval"][0] <= row["difference"] <= row["interval"][1]
+    cluster = reports["cluster"][0]["checkpoint"]
+    proc = subprocess.run([*script, "--path", cluster], capture_output=True, text=True)
+    assert proc.returncode != 0 and "--path" in proc.stderr and "no hybrid long-range layer" in proc.stderr

@@ -85,6 +85,13 @@ def write_runs(root, em_of=None):
     hybrid = {**layer, "layer": "6", "far_gates": [0.1, -0.3], "mean_abs_far_gate": 0.2}  # a hybrid layer's gates
     reach = {"rows": [{"layer": "sliding window", "paragraph_share": 0.4}, layer, hybrid]}
     (root / "article_cluster_seed1" / "reach.json").write_text(json.dumps(reach))
+    # a gate ablation of article_cluster_seed1 (its predictions: q1, q3 right) on q1..q3; the as-trained answer to q2
+    # differs from the prediction file's, as a batching tie could make it
+    closed = {"as_trained": 66.7, "gates_at_0": 33.3, "difference": -33.3, "interval": [-100.0, 0.0]}
+    ablation = {"questions": 3, "answers_changed": 1, "exact_match": closed, "f1": {**closed, "difference": -30.0},
+                "answers": {"as_trained": {"q1": "gold q1", "q2": "other", "q3": "gold q3"},
+                            "gates_at_0": {"q1": "gold q1", "q2": "other", "q3": "zzz"}}}  # fmt: skip
+    (root / "article_cluster_seed1" / "gate_ablation.json").write_text(json.dumps(ablation))
 
 
 def qa_table(*args):
@@ -107,6 +114,8 @@ def test_the_report_gives_each_kind_its_seeds_and_the_paired_interval(tmp_path):
     assert "| `cluster` | 1 / 2 | +25.00 [+0.00, +75.00] | +25.00 [+0.00, +75.00] |" in lines
     assert "| article_cluster_seed1 | 5 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | - |" in lines  # no hybrid gate
     assert "| article_cluster_seed1 | 6 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | 0.200 |" in lines
+    ablation_row = "| article_cluster_seed1 | 3 | 66.70 / 33.30 | -33.30 [-100.00, +0.00] | 66.70 / 33.30 | -30.00 "
+    assert ablation_row + "[-100.00, +0.00] | 1 | 2 |" in lines  # 2 of its 3 as-trained answers are the file's
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["questions"] == 4 and report["paired"]["cluster"]["exact_match"]["mean"] == 25.0
     assert report["kinds"]["article"]["cluster"]["exact_match"] == [50.0, 75.0]

@@ -5,7 +5,8 @@ the sliding window on the same questions, and where the Cluster-Former layers' q
         --squad examples/data/squad/dev-v1.1.json --held-out-from 40 --markdown report.md --json report.json
 
 --results holds one folder per scored run, CONTEXTS_KIND_seedSEED/ with summary.json (settings, device) and
-valid.pred.json (official SQuAD predictions), and reach.json (fairseq-clusterformer-qa-reach) where measured. The
+valid.pred.json (official SQuAD predictions), and where measured reach.json (fairseq-clusterformer-qa-reach) and
+gate_ablation.json (benchmarks/qa_gate_ablation.py: a hybrid checkpoint scored with its gates closed). The
 gold answers are those of --squad's articles from --held-out-from on; a question without a prediction scores 0, as
 in the official script, and each run's recomputed EM / F1 must equal its summary's (else the gold is not the one
 it was scored on). Per kind: EM / F1 of each seed, their mean and half their spread. Against --baseline (none): the
@@ -82,13 +83,16 @@ def load_runs(results: Path, gold: dict[str, list[str]]) -> list[dict[str, Any]]
                     f"{summary_file}: {name} {summary[name]:.4f}, but {values.mean():.4f} against --squad's articles "
                     "from --held-out-from: not the questions it was scored on"
                 )
-        reach = summary_file.parent / "reach.json"
+        reach, ablation = summary_file.parent / "reach.json", summary_file.parent / "gate_ablation.json"
         # a variant of a kind (hybrid layers, one layer) is a row of its own
         kind = summary["settings"].get("variant", summary["settings"]["kind"])
         runs.append({"name": summary_file.parent.name, "contexts": summary_file.parent.name.split("_")[0],
                      "kind": kind, "seed": summary["settings"]["seed"], "summary": summary,
                      "scores": scores,
-                     "reach": json.loads(reach.read_text(encoding="utf-8")) if reach.is_file() else None})  # fmt: skip
+                     "predictions": predictions,
+                     "reach": json.loads(reach.read_text(encoding="utf-8")) if reach.is_file() else None,
+                     "gate_ablation": (json.loads(ablation.read_text(encoding="utf-8"))
+                                       if ablation.is_file() else None)})  # fmt: skip
     return runs
 
 
@@ -146,6 +150,21 @@ def reach_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def gate_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per hybrid run with a benchmarks/qa_gate_ablation.py report: EM / F1 as trained and with every gate at 0 on
+    its questions, and how many of its as-trained answers equal the run's own prediction file (a check that the
+    ablation scored this run's checkpoint; batching may still flip a near tie)."""
+    rows = []
+    for run in sorted((r for r in runs if r["gate_ablation"]), key=lambda r: (kind_order(r["kind"]), r["seed"])):
+        ablation = run["gate_ablation"]
+        trained = ablation["answers"]["as_trained"]
+        rows.append({"run": run["name"], "questions": ablation["questions"],
+                     "answers_changed": ablation["answers_changed"],
+                     "same_as_prediction_file": sum(run["predictions"].get(q) == a for q, a in trained.items()),
+                     **{m: ablation[m] for m in METRICS}})  # fmt: skip
+    return rows
+
+
 def fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -197,6 +216,18 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{fmt(r['outside_window_paragraph_share'], 3)} | {fmt(r['outside_window_uniform_share'], 3)}"
                          f" | {fmt(r['window_paragraph_share'], 3)} | {fmt(r.get('mean_abs_far_gate'), 3)} |"
                          )  # fmt: skip
+    if report["gate_ablation"]:
+        lines += ["", "Closing the hybrid layers' gates at scoring time (benchmarks/qa_gate_ablation.py: the same "
+                  "checkpoint with every gate at 0 computes only its sliding windows), on the first held-out questions;"
+                  " difference gates at 0 minus as trained, 95 % bootstrap interval over the questions:", "",
+                  "| run | questions | EM as trained / gates at 0 | EM difference | F1 as trained / gates at 0 | "
+                  "F1 difference | answers changed | as trained = prediction file |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for r in report["gate_ablation"]:
+            cells = [f"{fmt(r[m]['as_trained'])} / {fmt(r[m]['gates_at_0'])} | {r[m]['difference']:+.2f} "
+                     f"[{r[m]['interval'][0]:+.2f}, {r[m]['interval'][1]:+.2f}]" for m in METRICS]  # fmt: skip
+            lines.append(f"| {r['run']} | {r['questions']} | {cells[0]} | {cells[1]} | {r['answers_changed']} | "
+                         f"{r['same_as_prediction_file']} |")  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -213,6 +244,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "kinds": {c: kind_rows([r for r in runs if r["contexts"] == c]) for c in sorted({r["contexts"] for r in runs})},
         "paired": paired([r for r in runs if r["contexts"] == "article"], args.baseline, args.resamples, args.seed),
         "reach": reach_rows(runs),
+        "gate_ablation": gate_rows(runs),
         "out_of_memory": {r["name"]: r["summary"]["oom_lines"] for r in runs if r["summary"].get("oom_lines")},
     }
     text = markdown(report)
