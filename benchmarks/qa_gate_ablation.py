@@ -20,15 +20,12 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from bench_common import cpu_model
 
-from fairseq_clusterformer.qa.ops.metrics import exact_match, max_over_gold, token_f1
 from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval
 from fairseq_clusterformer.qa.scripts.predict import load
-
-METRICS = {"exact_match": exact_match, "f1": token_f1}
+from fairseq_clusterformer.qa.scripts.table import METRICS, per_question
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -60,12 +57,6 @@ def answer(model, task, split: str, count: int, batch_size: int) -> dict[str, st
     return answers
 
 
-def scores(answers: dict[str, str], gold: dict[str, list[str]]) -> dict[str, np.ndarray]:
-    """Metric -> per-question scores in percent, in ``gold``'s order."""
-    return {name: 100.0 * np.array([max_over_gold(metric, answers[q], golds) for q, golds in gold.items()])
-            for name, metric in METRICS.items()}  # fmt: skip
-
-
 def main(args: argparse.Namespace) -> dict:
     if args.max_examples < 1:
         raise SystemExit(f"--max-examples must be at least 1, got {args.max_examples}")
@@ -81,17 +72,20 @@ def main(args: argparse.Namespace) -> dict:
     count = min(args.max_examples, len(task.dataset(args.split)))
     metas = task.split_data(args.split).metas
     passes, seconds = {}, {}
-    for label in ("as_trained", "gates_at_0"):
-        if label == "gates_at_0":
-            with torch.no_grad():
-                for p in gates.values():
-                    p.zero_()
+
+    def score_pass(label: str) -> None:
         start = time.process_time()
         passes[label] = answer(model, task, args.split, count, args.batch_size)
         seconds[label] = round(time.process_time() - start, 1)
         print(f"| {label}: {count} questions, {seconds[label]} CPU s", flush=True)
+
+    score_pass("as_trained")
+    with torch.no_grad():
+        for gate in gates.values():
+            gate.zero_()
+    score_pass("gates_at_0")
     gold = {metas[i]["id"]: metas[i]["answers"] for i in range(count)}
-    trained, closed = scores(passes["as_trained"], gold), scores(passes["gates_at_0"], gold)
+    trained, closed = per_question(passes["as_trained"], gold), per_question(passes["gates_at_0"], gold)
     report = {"path": str(args.path), "questions": count, "cpu": cpu_model(), "autocast_bf16": args.autocast_bf16,
               "cpu_seconds": seconds, "answers_changed": sum(passes["as_trained"][q] != passes["gates_at_0"][q]
                                                             for q in gold)}  # fmt: skip
