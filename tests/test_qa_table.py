@@ -111,7 +111,10 @@ def test_the_report_gives_each_kind_its_seeds_and_the_paired_interval(tmp_path):
     )
     # per question, cluster - none averaged over the seeds: q3 +100 (both seeds), the others 0: mean +25; a
     # resample's mean is 25 x (the q3 draws), Binomial(4, 1/4): P(<= 2) = 0.949 < 0.975 <= P(<= 3)
-    assert "| `cluster` | 1 / 2 | +25.00 [+0.00, +75.00] | +25.00 [+0.00, +75.00] |" in lines
+    assert (
+        "| `cluster` | 1 / 2 | +25.00 [+0.00, +75.00] | +25.00 / +25.00 | +25.00 [+0.00, +75.00] | +25.00 / +25.00 |"
+        in lines
+    )
     assert "| article_cluster_seed1 | 5 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | - |" in lines  # no hybrid gate
     assert "| article_cluster_seed1 | 6 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | 0.200 |" in lines
     ablation_row = "| article_cluster_seed1 | 3 | 66.70 / 33.30 | -33.30 [-100.00, +0.00] | 66.70 / 33.30 | -30.00 "
@@ -119,6 +122,22 @@ def test_the_report_gives_each_kind_its_seeds_and_the_paired_interval(tmp_path):
     report = json.loads((tmp_path / "b.json").read_text())
     assert report["questions"] == 4 and report["paired"]["cluster"]["exact_match"]["mean"] == 25.0
     assert report["kinds"]["article"]["cluster"]["exact_match"] == [50.0, 75.0]
+
+
+def test_the_paired_entry_gives_each_seeds_own_difference():
+    """Seeds that disagree: seed 1 gains 2 of 4 questions, seed 2 loses 1; the mean over the seeds hides that, the
+    per-seed differences show it, in the order of the seeds."""
+    from fairseq_clusterformer.qa.scripts.table import paired
+
+    def run(kind, seed, right):
+        scores = np.array([100.0 * (q < right) for q in range(4)])  # the first `right` questions answered
+        return {"kind": kind, "seed": seed, "scores": {"exact_match": scores, "f1": scores / 2}}
+
+    runs = [run("none", 1, 1), run("hybrid", 1, 3), run("none", 2, 3), run("hybrid", 2, 2), run("hybrid", 3, 4)]
+    entry = paired(runs, "none", resamples=200, seed=1)["hybrid"]
+    assert entry["seeds"] == [1, 2]  # seed 3 has no baseline
+    assert entry["exact_match"]["per_seed"] == [50.0, -25.0] and entry["f1"]["per_seed"] == [25.0, -12.5]
+    assert entry["exact_match"]["mean"] == 12.5
 
 
 def test_a_run_scored_on_other_questions_is_refused(tmp_path):

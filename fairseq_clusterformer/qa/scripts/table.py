@@ -11,8 +11,9 @@ gold answers are those of --squad's articles from --held-out-from on; a question
 in the official script, and each run's recomputed EM / F1 must equal its summary's (else the gold is not the one
 it was scored on). Per kind: EM / F1 of each seed, their mean and half their spread. Against --baseline (none): the
 per-question difference (same question, same seed; averaged over the seeds both kinds have) and its 95 % percentile
-bootstrap interval over questions (--resamples draws with --seed). The intervals take questions as independent; the
-questions of one article are not, so they are narrower than an interval over articles would be.
+bootstrap interval over questions (--resamples draws with --seed), and each seed's own mean difference. The intervals
+take questions as independent; the questions of one article are not, so they are narrower than an interval over
+articles would be; and they hold the seeds fixed, so they say nothing of what another seed would do.
 """
 
 from __future__ import annotations
@@ -128,7 +129,11 @@ def paired(runs: list[dict[str, Any]], baseline: str, resamples: int, seed: int)
         for m in METRICS:
             diff = paired_differences(np.stack([by[(kind, s)]["scores"][m] for s in seeds]),
                                       np.stack([by[(baseline, s)]["scores"][m] for s in seeds]))  # fmt: skip
-            entry[m] = {"mean": float(diff.mean()), "interval": bootstrap_interval(diff, resamples, seed)}
+            # each seed's own difference beside the mean: the interval covers which questions were asked, not
+            # what another seed would do, and at small budgets seeds move EM by more than that interval's width
+            per_seed = [float((by[(kind, s)]["scores"][m] - by[(baseline, s)]["scores"][m]).mean()) for s in seeds]
+            entry[m] = {"mean": float(diff.mean()), "interval": bootstrap_interval(diff, resamples, seed),
+                        "per_seed": per_seed}  # fmt: skip
         out[kind] = entry
     return out
 
@@ -194,12 +199,13 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append("")
     if report["paired"]:
         lines += [f"Against `{report['baseline']}`, same question and seed (mean over the shared seeds); 95 % bootstrap"
-                  f" interval over the questions ({report['resamples']} resamples, seed {report['seed']}):", "",
-                  "| kind | seeds | EM difference [95 % interval] | F1 difference [95 % interval] |",
-                  "| --- | --- | --- | --- |"]  # fmt: skip
+                  f" interval over the questions ({report['resamples']} resamples, seed {report['seed']}), which holds"
+                  " the seeds fixed; each seed's own difference beside it:", "",
+                  "| kind | seeds | EM difference [95 % interval] | EM by seed | F1 difference [95 % interval] | "
+                  "F1 by seed |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for kind, entry in report["paired"].items():
-            cells = [f"{e['mean']:+.2f} [{e['interval'][0]:+.2f}, {e['interval'][1]:+.2f}]"
-                     for e in (entry[m] for m in METRICS)]  # fmt: skip
+            cells = [f"{e['mean']:+.2f} [{e['interval'][0]:+.2f}, {e['interval'][1]:+.2f}] | "
+                     + " / ".join(f"{d:+.2f}" for d in e["per_seed"]) for e in (entry[m] for m in METRICS)]  # fmt: skip
             lines.append(f"| `{kind}` | {' / '.join(map(str, entry['seeds']))} | {cells[0]} | {cells[1]} |")
         lines.append("")
     if report["out_of_memory"]:
