@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.ops.clustering import nearest_ids
+
 
 def segment_groups(tokens_per_sample: int, window_size: int) -> int:
     """Groups of about two windows' worth of tokens at the training segment length: with the band's reach of one
@@ -46,12 +48,7 @@ def bank_shares(states: Tensor, centroids: Tensor, rows: int = 16384) -> Tensor:
 
     Assigned in chunks of ``rows`` states, so a bank of 100k states never builds an N x P matrix at once.
     """
-    unit_centroids = torch.nn.functional.normalize(centroids.detach().float(), dim=-1)  # P x C
-    counts = torch.zeros(centroids.size(0), dtype=torch.float64, device=centroids.device)
-    for chunk in states.detach().split(rows):  # chunks of the bank, not of a sequence
-        unit = torch.nn.functional.normalize(chunk.to(unit_centroids).float(), dim=-1)  # rows x C
-        ids = (unit @ unit_centroids.t()).argmax(dim=-1)  # rows
-        counts += torch.bincount(ids, minlength=centroids.size(0)).double()
+    counts = torch.bincount(nearest_ids(states, centroids, rows), minlength=centroids.size(0)).double()  # P
     return (counts / counts.sum().clamp(min=1)).float()
 
 

@@ -28,6 +28,17 @@ def assign_clusters(states: Tensor, centroids: Tensor, padding_mask: Tensor | No
     return ids
 
 
+def nearest_ids(states: Tensor, centroids: Tensor, rows: int = 16384) -> Tensor:
+    """Cosine-nearest centroid (P x C) of every state (N x C): N ids, computed ``rows`` states at a time so that a
+    bank of 100k states never builds an N x P matrix at once."""
+    unit_centroids = torch.nn.functional.normalize(centroids.detach().float(), dim=-1)  # P x C
+    ids = [
+        (torch.nn.functional.normalize(chunk.to(unit_centroids), dim=-1) @ unit_centroids.t()).argmax(dim=-1)
+        for chunk in states.detach().split(rows)  # chunks of the bank, not of a sequence
+    ]
+    return torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long, device=centroids.device)
+
+
 def stable_sort(keys: Tensor) -> tuple[Tensor, Tensor]:
     """Sort ``keys`` (B x T) along T, ties kept in position order (paper eq. 5).
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from fairseq_clusterformer.ops.centroid_shift import nearest_cosine, partition_agreement
 from fairseq_clusterformer.ops.cluster_groups import bank_shares
 from fairseq_clusterformer.ops.kmeans import is_degenerate, order_centroids, resolve_backend, spherical_kmeans
 
@@ -37,6 +38,18 @@ class LayerResult:
     skipped_because: str = ""
     backend: str = ""
     shares: Tensor | None = None  # P, each centroid's share of the banked states (the strict mode's group cuts)
+    # how far the refresh moved the centroids it replaced (ops/centroid_shift.py); None where none were given
+    nearest_cosine: float | None = None
+    agreement: float | None = None
+
+    def shift_note(self) -> str:
+        """How far the refresh moved the centroids, for its log line ('' where it was not measured)."""
+        if self.nearest_cosine is None or self.agreement is None:
+            return ""
+        return (
+            f"; against the centroids it replaced: nearest cosine {self.nearest_cosine:.3f} (mean over the new ones), "
+            f"the banked states' clusters agree at adjusted Rand {self.agreement:.3f}"
+        )
 
     def state_dict(self) -> dict:
         centroids = None if self.centroids is None else self.centroids.cpu()
@@ -47,6 +60,8 @@ class LayerResult:
             "skipped_because": self.skipped_because,
             "backend": self.backend,
             "shares": None if self.shares is None else self.shares.cpu(),
+            "nearest_cosine": self.nearest_cosine,
+            "agreement": self.agreement,
         }
 
     @classmethod
@@ -58,17 +73,26 @@ class LayerResult:
             state["skipped_because"],
             state["backend"],
             state.get("shares"),  # absent from checkpoints written before the strict mode's groups
+            state.get("nearest_cosine"),  # these two: absent from checkpoints written before they were measured
+            state.get("agreement"),
         )
 
 
-def refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, backend: str) -> LayerResult:
+def refresh_layer(
+    states: Tensor, num_clusters: int, iters: int, seed: int, backend: str, previous: Tensor | None = None
+) -> LayerResult:
     """Spherical K-Means of one layer's banked states (N x C), greedily ordered; skipped on a degenerate bank.
+    With the centroids it replaces (``previous``, P x C), also how far it moved them, on the same states.
 
     Always in float32, also when called inside an autocast region (a synchronous refresh runs inside fairseq's
     ``--amp`` training step): half-precision similarities would move states between neighbouring centroids.
     """
     with torch.autocast(states.device.type, enabled=False):
-        return _refresh_layer(states, num_clusters, iters, seed, backend)
+        result = _refresh_layer(states, num_clusters, iters, seed, backend)
+        if previous is not None and result.centroids is not None:
+            result.nearest_cosine = nearest_cosine(previous, result.centroids)
+            result.agreement = partition_agreement(states, previous, result.centroids)
+        return result
 
 
 def _refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, backend: str) -> LayerResult:
@@ -88,8 +112,17 @@ def _refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, bac
 class RefreshJob:
     """K-Means of every long-range layer's bank snapshot; `run()` in the caller or `start()` on a thread."""
 
-    def __init__(self, snapshots: list[Tensor], clusters: list[int], iters: int, seed: int, backend: str) -> None:
+    def __init__(
+        self,
+        snapshots: list[Tensor],
+        clusters: list[int],
+        iters: int,
+        seed: int,
+        backend: str,
+        previous: list[Tensor] | None = None,
+    ) -> None:
         self.snapshots = snapshots  # per layer: N x C float32, owned by the job
+        self.previous = previous  # per layer: the P x C centroids the refresh replaces, or None
         self.clusters = clusters
         self.iters = iters
         self.seed = seed
@@ -109,15 +142,16 @@ class RefreshJob:
     def run(self) -> None:
         try:
             results = []
-            for states, clusters in zip(self.snapshots, self.clusters):
-                results.append(refresh_layer(states, clusters, self.iters, self.seed, self.backend))
+            previous = self.previous if self.previous is not None else [None] * len(self.snapshots)
+            for states, clusters, old in zip(self.snapshots, self.clusters, previous):
+                results.append(refresh_layer(states, clusters, self.iters, self.seed, self.backend, old))
             if self._stream is not None:
                 self._stream.synchronize()
             self._results = results
         except BaseException as error:  # re-raised in the training thread by wait()
             self._error = error
         finally:
-            self.snapshots = []  # the banks' copies are no longer needed
+            self.snapshots, self.previous = [], None  # the banks' copies are no longer needed
 
     def start(self) -> None:
         """Run on a daemon thread; on a GPU on a side stream that first waits for the snapshots' copies."""

@@ -71,6 +71,8 @@ class CentroidRefresher:
         self.pending: PendingSwap | None = None
         self.last_refresh_seconds = 0.0  # K-Means time of the last installed refresh (rank 0)
         self.last_stall_seconds = 0.0  # training time the last refresh cost (snapshot + wait + broadcast)
+        # per long-range layer, how far its last refresh moved its centroids (rank 0; floats: no device read to log)
+        self.last_shift: dict[int, tuple[float, float]] = {}
         self._start_seconds = 0.0
         self.restored = False
         self._checked_resume = False
@@ -156,7 +158,10 @@ class CentroidRefresher:
         if world()[0] == 0:
             clusters = [layer.num_clusters for layer in self.layers]
             s = self.settings
-            job = RefreshJob(self.banks.snapshots(), clusters, s.iters, seed, s.backend)
+            # the centroids this refresh replaces, so that it can say how far it moved them (copies: the job may
+            # run on a thread while training goes on)
+            previous = [layer.centroids.detach().float().clone() for layer in self.layers]
+            job = RefreshJob(self.banks.snapshots(), clusters, s.iters, seed, s.backend, previous)
         self.pending = PendingSwap(self.refreshes_started, update_num, update_num + self.settings.swap_delay, job)
         if self.settings.swap_delay == 0:
             self._install(update_num, start)
@@ -225,9 +230,11 @@ class CentroidRefresher:
                 f"{result.skipped_because}; keeping the previous centroids"
             )
             return
+        if result.nearest_cosine is not None and result.agreement is not None:
+            self.last_shift[index] = (result.nearest_cosine, result.agreement)
         logger.info(
             f"K-Means refresh {self.num_refreshes + 1}, long-range layer {index}: {done} ({result.backend}), "
-            f"{layer.num_clusters} clusters, installed at update {update}"
+            f"{layer.num_clusters} clusters, installed at update {update}{result.shift_note()}"
         )
 
     # ---- checkpoints and logging -------------------------------------------------------------------------------
@@ -271,14 +278,18 @@ class CentroidRefresher:
         self.restored = True
 
     def log_stats(self) -> None:
-        """Per training step: cluster-size entropy (bits) of the batch and bank fill per long-range layer, and the
-        K-Means time and training stall of the last refresh. Logged every step so no logging interval is empty."""
+        """Per training step: cluster-size entropy (bits) of the batch, bank fill and how far the last refresh moved
+        the centroids (kmeans_cos / kmeans_ari) per long-range layer, and the K-Means time and training stall of the
+        last refresh. Logged every step so no logging interval is empty."""
         for index, (layer, bank) in enumerate(zip(self.layers, self.banks)):
             if layer.last_cluster_entropy is not None:
                 metrics.log_scalar(f"cluster_entropy_{index}", layer.last_cluster_entropy, weight=1, round=3)
             # device tensors: fairseq reads them when it logs, not in every step (a read here would stall a GPU)
             metrics.log_scalar(f"bank_{index}", bank.fill, weight=0, round=0)
             metrics.log_scalar(f"bank_nonfinite_{index}", bank.nonfinite_dropped, weight=0, round=0)
+        for index, (cosine, agreement) in self.last_shift.items():
+            metrics.log_scalar(f"kmeans_cos_{index}", cosine, weight=0, round=3)
+            metrics.log_scalar(f"kmeans_ari_{index}", agreement, weight=0, round=3)
         if self.layers:
             metrics.log_scalar("kmeans_s", self.last_refresh_seconds, weight=0, round=3)
             metrics.log_scalar("kmeans_stall_s", self.last_stall_seconds, weight=0, round=3)
