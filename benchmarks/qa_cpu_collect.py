@@ -11,7 +11,8 @@ lines). The settings are parsed from that command, not restated by hand: what ra
 RESULTS/CONTEXTS_VARIANT_seedSEED/ (VARIANT: the kind, -hybrid, -layerN as benchmarks/qa_device names them; the
 precision and attention dropout, the same for every row of one results folder, are settings, not part of the name):
 summary.json (settings, EM / F1, the CPU's model name, seconds), valid.pred.json, eval.log, command.txt,
-train_inner.log, and reach.json when given. An existing run folder there is refused: results are not overwritten.
+train_inner.log (the progress lines and the K-Means refreshes'), and reach.json when given. An existing run folder
+there is refused: results are not overwritten.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ def collect(
     if run.name not in recipe_summary:
         fail(f"{run / 'summary.json'} has no scores for {run.name}")
     scores = recipe_summary[run.name]
-    progress = [line for line in lines if "| train_inner |" in line or "| INFO | train |" in line]
+    # fairseq's progress lines and the refreshes' own (how far each moved the centroids: does the run need more)
+    kept = ("| train_inner |", "| INFO | train |", "| fairseq_clusterformer.refresh.refresher |")
+    progress = [line for line in lines if any(key in line for key in kept)]
     out = results / name
     if out.exists():
         fail(f"{out} exists: results are not overwritten (remove it to collect {run} again)")

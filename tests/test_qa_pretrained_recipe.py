@@ -177,6 +177,10 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     assert settings["updates"] == 6
     assert (settings["kmeans_interval"], settings["clusters"], settings["precision"]) == (3, 4, "fp32")
     assert settings["max_context_train"] == 256 and settings["long_range_layers"] == "5,6"
+    # the refreshes' lines come along (an installed one says how far it moved the centroids; this run's one job
+    # was due after its last update)
+    kept = (results / "article_cluster_seed3" / "train_inner.log").read_text()
+    assert "K-Means job 1 started at update 3" in kept and "num_updates 6" in kept
     proc = subprocess.run(collect, capture_output=True, text=True, cwd=REPO)  # results are not overwritten
     assert proc.returncode == 2 and "exists" in proc.stderr
     table = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", results, "--squad",
