@@ -1,7 +1,10 @@
 """How far a K-Means refresh moved the centroids (ops/centroid_shift.py), and the refresher reporting it."""
 
 import itertools
+import json
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,8 +15,10 @@ from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
 from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops.centroid_shift import adjusted_rand_index, nearest_cosine, partition_agreement
 from fairseq_clusterformer.ops.clustering import nearest_ids
+from fairseq_clusterformer.ops.kmeans import order_centroids, spherical_kmeans
 from fairseq_clusterformer.refresh.kmeans_job import LayerResult
 from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
+from tests.conftest import REPO
 
 C = 16
 
@@ -119,3 +124,66 @@ def test_the_refresher_logs_how_far_each_refresh_moved_the_centroids(caplog):
     assert first[1] < 0.5 and moved[0] < 0.5 and moved[1] < 0.5
     assert refresher.layer_refreshes == [3]
     assert caplog.text.count("the banked states' clusters agree at adjusted Rand") == 3
+
+
+OLD_LM = REPO / "tests" / "data" / "old_checkpoints" / "lm" / "checkpoint_last.pt"  # two Cluster-Former layers
+
+
+def centroid_shift(checkpoint, *args):
+    script = [sys.executable, REPO / "benchmarks" / "centroid_shift.py", checkpoint, *args]
+    return subprocess.run(script, capture_output=True, text=True, cwd=REPO, timeout=300)
+
+
+def test_the_checkpoint_script_runs_the_next_refresh_on_the_saved_banks(tmp_path):
+    proc = centroid_shift(OLD_LM, "--json", tmp_path / "shift.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "shift.json").read_text())
+    # by hand: the banks' rows oldest first (a full ring starts at its write position), K-Means seeded as the next
+    # refresh (--seed 3 plus the 2 refreshes started), against the decoder's installed centroids in layer order
+    checkpoint = torch.load(OLD_LM, map_location="cpu", weights_only=False)
+    state = checkpoint["extra_state"]["ClusterFormerLMTask"]["centroid_refresh"]
+    assert report["kmeans_seed"] == 3 + state["refreshes_started"] == 5
+    assert [row["layer"] for row in report["layers"]] == ["decoder.layers.1", "decoder.layers.3"]
+    for row, bank in zip(report["layers"], state["banks"]):
+        start = bank["pos"] if bank["size"] == bank["capacity"] else 0
+        rows = bank["buffer"][(start + torch.arange(bank["size"])) % bank["capacity"]]  # N x C, oldest first
+        installed = checkpoint["model"][f"{row['layer']}.centroids"]
+        fresh = order_centroids(spherical_kmeans(rows, installed.size(0), 20, 5, "torch"))
+        ids = (F.normalize(rows, dim=-1) @ F.normalize(installed.float(), dim=-1).t()).argmax(dim=-1)  # N
+        fresh_ids = (F.normalize(rows, dim=-1) @ fresh.t()).argmax(dim=-1)  # N
+        assert row["banked_states"] == bank["size"] and row["refreshes"] == 2
+        assert row["agreement"] == pytest.approx(pair_free_ari(ids, fresh_ids), abs=1e-9)
+        assert row["nearest_cosine"] == pytest.approx(nearest_cosine(installed, fresh), abs=1e-6)
+        assert -1 < row["reseeded_agreement"] <= 1 and row["reseeded_nearest_cosine"] <= 1 + 1e-6
+        assert f"| {row['layer']} | 2 | {bank['size']} | {row['nearest_cosine']:.3f} / {row['agreement']:.3f} |" in (
+            proc.stdout
+        )
+
+
+def pair_free_ari(first: torch.Tensor, second: torch.Tensor) -> float:
+    """The adjusted Rand index from the pair counts of the contingency table, written out with Python integers."""
+    table: dict[tuple[int, int], int] = {}
+    for a, b in zip(first.tolist(), second.tolist()):
+        table[a, b] = table.get((a, b), 0) + 1
+    rows: dict[int, int] = {}
+    cols: dict[int, int] = {}
+    for (a, b), n in table.items():
+        rows[a] = rows.get(a, 0) + n
+        cols[b] = cols.get(b, 0) + n
+
+    def pairs(n: int) -> int:
+        return n * (n - 1) // 2
+
+    index = sum(map(pairs, table.values()))
+    row_pairs, col_pairs, total = sum(map(pairs, rows.values())), sum(map(pairs, cols.values())), pairs(len(first))
+    expected = row_pairs * col_pairs / total
+    return (index - expected) / ((row_pairs + col_pairs) / 2 - expected)
+
+
+def test_the_checkpoint_script_refuses_a_checkpoint_without_banks(tmp_path):
+    checkpoint = torch.load(OLD_LM, map_location="cpu", weights_only=False)
+    del checkpoint["extra_state"]["ClusterFormerLMTask"]["centroid_refresh"]["banks"]  # a checkpoint saved without them
+    torch.save(checkpoint, tmp_path / "checkpoint_best.pt")
+    proc = centroid_shift(tmp_path / "checkpoint_best.pt")
+    assert proc.returncode == 2 and "holds no memory banks" in proc.stderr
+    assert centroid_shift(tmp_path / "missing.pt").returncode == 2
