@@ -92,6 +92,10 @@ def write_runs(root, em_of=None):
                 "answers": {"as_trained": {"q1": "gold q1", "q2": "other", "q3": "gold q3"},
                             "gates_at_0": {"q1": "gold q1", "q2": "other", "q3": "zzz"}}}  # fmt: skip
     (root / "article_cluster_seed1" / "gate_ablation.json").write_text(json.dumps(ablation))
+    shift = {"layer": "encoder.sentence_encoder.layers.5", "refreshes": 3, "banked_states": 500,
+             "nearest_cosine": 0.9619, "agreement": 0.3410, "reseeded_nearest_cosine": 0.9786,
+             "reseeded_agreement": 0.3544}  # fmt: skip
+    (root / "article_cluster_seed2" / "centroid_shift.json").write_text(json.dumps({"layers": [shift]}))
 
 
 def qa_table(*args):
@@ -117,6 +121,9 @@ def test_the_report_gives_each_kind_its_seeds_and_the_paired_interval(tmp_path):
     )
     assert "| article_cluster_seed1 | 5 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | - |" in lines  # no hybrid gate
     assert "| article_cluster_seed1 | 6 | 4 | 0.600 | 0.300 | 0.200 | 0.400 | 0.200 |" in lines
+    shift_row = "| article_cluster_seed2 | encoder.sentence_encoder.layers.5 | 3 | 500 | 0.962 / 0.341 |"
+    shift_row += " 0.979 / 0.354 |"
+    assert shift_row in lines  # the next refresh, then the reseeded fit, rounded to 3 digits
     ablation_row = "| article_cluster_seed1 | 3 | 66.70 / 33.30 | -33.30 [-100.00, +0.00] | 66.70 / 33.30 | -30.00 "
     assert ablation_row + "[-100.00, +0.00] | 1 | 2 |" in lines  # 2 of its 3 as-trained answers are the file's
     report = json.loads((tmp_path / "b.json").read_text())

@@ -6,7 +6,8 @@ the sliding window on the same questions, and where the Cluster-Former layers' q
 
 --results holds one folder per scored run, CONTEXTS_KIND_seedSEED/ with summary.json (settings, device) and
 valid.pred.json (official SQuAD predictions), and where measured reach.json (fairseq-clusterformer-qa-reach) and
-gate_ablation.json (benchmarks/qa_gate_ablation.py: a hybrid checkpoint scored with its gates closed). The
+gate_ablation.json (benchmarks/qa_gate_ablation.py: a hybrid checkpoint scored with its gates closed) and
+centroid_shift.json (benchmarks/centroid_shift.py: how far one more K-Means refresh would move the centroids). The
 gold answers are those of --squad's articles from --held-out-from on; a question without a prediction scores 0, as
 in the official script, and each run's recomputed EM / F1 must equal its summary's (else the gold is not the one
 it was scored on). Per kind: EM / F1 of each seed, their mean and half their spread. Against --baseline (none): the
@@ -85,6 +86,7 @@ def load_runs(results: Path, gold: dict[str, list[str]]) -> list[dict[str, Any]]
                     "from --held-out-from: not the questions it was scored on"
                 )
         reach, ablation = summary_file.parent / "reach.json", summary_file.parent / "gate_ablation.json"
+        shift = summary_file.parent / "centroid_shift.json"
         # a variant of a kind (hybrid layers, one layer) is a row of its own
         kind = summary["settings"].get("variant", summary["settings"]["kind"])
         runs.append({"name": summary_file.parent.name, "contexts": summary_file.parent.name.split("_")[0],
@@ -93,7 +95,9 @@ def load_runs(results: Path, gold: dict[str, list[str]]) -> list[dict[str, Any]]
                      "predictions": predictions,
                      "reach": json.loads(reach.read_text(encoding="utf-8")) if reach.is_file() else None,
                      "gate_ablation": (json.loads(ablation.read_text(encoding="utf-8"))
-                                       if ablation.is_file() else None)})  # fmt: skip
+                                       if ablation.is_file() else None),
+                     "centroid_shift": (json.loads(shift.read_text(encoding="utf-8"))
+                                        if shift.is_file() else None)})  # fmt: skip
     return runs
 
 
@@ -170,6 +174,13 @@ def gate_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def shift_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per Cluster-Former layer of a run with a benchmarks/centroid_shift.py report: the next refresh against the
+    installed centroids, beside the same bank fit with another seed (K-Means' own spread)."""
+    ordered = sorted((r for r in runs if r["centroid_shift"]), key=lambda r: (kind_order(r["kind"]), r["seed"]))
+    return [{"run": run["name"], **layer} for run in ordered for layer in run["centroid_shift"]["layers"]]
+
+
 def fmt(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -234,6 +245,16 @@ def markdown(report: dict[str, Any]) -> str:
                      f"[{r[m]['interval'][0]:+.2f}, {r[m]['interval'][1]:+.2f}]" for m in METRICS]  # fmt: skip
             lines.append(f"| {r['run']} | {r['questions']} | {cells[0]} | {cells[1]} | {r['answers_changed']} | "
                          f"{r['same_as_prediction_file']} |")  # fmt: skip
+    if report["centroid_shift"]:
+        lines += ["", "Would one more K-Means refresh move the centroids (benchmarks/centroid_shift.py, on the memory "
+                  "bank of checkpoint_last.pt)? Nearest cosine and adjusted Rand of the banked states' clusters, the "
+                  "next refresh against the installed centroids, and the same bank fit with the following seed:", "",
+                  "| run | layer | refreshes | banked states | next refresh: cosine / adjusted Rand | "
+                  "reseeded: cosine / adjusted Rand |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        for r in report["centroid_shift"]:
+            lines.append(f"| {r['run']} | {r['layer']} | {r['refreshes']} | {r['banked_states']} | "
+                         f"{fmt(r['nearest_cosine'], 3)} / {fmt(r['agreement'], 3)} | "
+                         f"{fmt(r['reseeded_nearest_cosine'], 3)} / {fmt(r['reseeded_agreement'], 3)} |")  # fmt: skip
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -251,6 +272,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "paired": paired([r for r in runs if r["contexts"] == "article"], args.baseline, args.resamples, args.seed),
         "reach": reach_rows(runs),
         "gate_ablation": gate_rows(runs),
+        "centroid_shift": shift_rows(runs),
         "out_of_memory": {r["name"]: r["summary"]["oom_lines"] for r in runs if r["summary"].get("oom_lines")},
     }
     text = markdown(report)
