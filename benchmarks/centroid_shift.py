@@ -60,13 +60,14 @@ def shifts(path: Path) -> dict:
         bank = MemoryBank(saved["capacity"])
         bank.load_state_dict(saved)
         installed = model[f"{name}.centroids"].float()  # P x C
-        result = refresh_layer(bank.contents(), installed.size(0), task["kmeans_iters"], seed, task["kmeans_backend"],
+        banked = bank.contents()  # N x C, oldest first, as a refresh's snapshot
+        result = refresh_layer(banked, installed.size(0), task["kmeans_iters"], seed, task["kmeans_backend"],
                                previous=installed)  # fmt: skip
         if result.centroids is None:
             fail(f"{path}, {name}: the next refresh would be skipped ({result.skipped_because})")
         # K-Means' own spread: the same bank fit again with the following seed, against the first fit. Many clusters
         # on states without sharp clusters differ from seed to seed, so a shift is read against this floor
-        again = refresh_layer(bank.contents(), installed.size(0), task["kmeans_iters"], seed + 1,
+        again = refresh_layer(banked, installed.size(0), task["kmeans_iters"], seed + 1,
                               task["kmeans_backend"], previous=result.centroids)  # fmt: skip
         layers.append({
             "layer": name,

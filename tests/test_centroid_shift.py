@@ -13,7 +13,7 @@ from fairseq.logging import metrics
 
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
 from fairseq_clusterformer.layers.settings import LayerSettings
-from fairseq_clusterformer.ops.centroid_shift import adjusted_rand_index, nearest_cosine, partition_agreement
+from fairseq_clusterformer.ops.centroid_shift import adjusted_rand_index, nearest_cosine
 from fairseq_clusterformer.ops.clustering import nearest_ids
 from fairseq_clusterformer.ops.kmeans import order_centroids, spherical_kmeans
 from fairseq_clusterformer.refresh.kmeans_job import LayerResult
@@ -66,6 +66,10 @@ def planted(seed: int, clusters: int = 4, per_cluster: int = 100) -> tuple[torch
     directions = F.normalize(torch.randn(clusters, C, generator=gen), dim=-1)
     labels = torch.arange(clusters).repeat_interleave(per_cluster)
     return F.normalize(directions[labels] + 0.1 * torch.randn(len(labels), C, generator=gen), dim=-1), directions
+
+
+def partition_agreement(states: torch.Tensor, old: torch.Tensor, new: torch.Tensor) -> float:
+    return adjusted_rand_index(nearest_ids(states, old), nearest_ids(states, new), old.size(0), new.size(0))
 
 
 def test_centroids_that_are_the_old_ones_reordered_did_not_move():

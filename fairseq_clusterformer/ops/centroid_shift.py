@@ -7,9 +7,9 @@ Two figures, both 1 for a refresh that changed nothing:
 - ``nearest_cosine``: each new centroid's cosine with the old centroid nearest to it, averaged over the new ones.
   Indifferent to the order of the centroids (a refresh reorders them greedily), but blind to how many states a
   centroid holds.
-- ``partition_agreement``: the adjusted Rand index between the banked states' clusters under the old centroids and
-  under the new ones. 1: the same states share a cluster (and so a sorted window) as before; 0: as much alike as two
-  random partitions with these cluster sizes. This is what attention sees: which tokens meet.
+- ``adjusted_rand_index`` of the banked states' clusters under the old centroids and under the new ones
+  (``ops/clustering.nearest_ids`` of each). 1: the same states share a cluster (and so a sorted window) as before;
+  0: as much alike as two random partitions with these cluster sizes. This is what attention sees: which tokens meet.
 
 The first refresh compares K-Means' centroids with the random initial ones, so its figures are near 0 by
 construction; from the second on they say whether the clusters are still moving.
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-
-from fairseq_clusterformer.ops.clustering import nearest_ids
 
 
 def nearest_cosine(old: Tensor, new: Tensor) -> float:
@@ -53,9 +51,3 @@ def adjusted_rand_index(first: Tensor, second: Tensor, first_count: int, second_
     if best == expected:  # both labellings put every item in one cluster, or both in singletons: identical
         return 1.0
     return float((together - expected) / (best - expected))
-
-
-def partition_agreement(states: Tensor, old: Tensor, new: Tensor) -> float:
-    """Adjusted Rand index between the states' (N x C) clusters under ``old`` (P x C) and ``new`` (Q x C)."""
-    with torch.autocast(states.device.type, enabled=False):  # near-ties must not flip with half-precision rounding
-        return adjusted_rand_index(nearest_ids(states, old), nearest_ids(states, new), old.size(0), new.size(0))

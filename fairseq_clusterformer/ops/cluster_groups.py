@@ -22,8 +22,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from fairseq_clusterformer.ops.clustering import nearest_ids
-
 
 def segment_groups(tokens_per_sample: int, window_size: int) -> int:
     """Groups of about two windows' worth of tokens at the training segment length: with the band's reach of one
@@ -43,12 +41,10 @@ def uniform_shares(num_clusters: int, device: torch.device | None = None) -> Ten
     return torch.full((num_clusters,), 1.0 / num_clusters, device=device)
 
 
-def bank_shares(states: Tensor, centroids: Tensor, rows: int = 16384) -> Tensor:
-    """Share of the banked states (N x C) nearest (by cosine) each centroid (P x C): P floats summing to 1.
-
-    Assigned in chunks of ``rows`` states, so a bank of 100k states never builds an N x P matrix at once.
-    """
-    counts = torch.bincount(nearest_ids(states, centroids, rows), minlength=centroids.size(0)).double()  # P
+def cluster_shares(ids: Tensor, num_clusters: int) -> Tensor:
+    """Share of the banked states in each cluster, from their cluster ids (N, ``ops/clustering.nearest_ids``): P
+    floats summing to 1."""
+    counts = torch.bincount(ids, minlength=num_clusters).double()  # P
     return (counts / counts.sum().clamp(min=1)).float()
 
 

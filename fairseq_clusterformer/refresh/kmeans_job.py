@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from fairseq_clusterformer.ops.centroid_shift import nearest_cosine, partition_agreement
-from fairseq_clusterformer.ops.cluster_groups import bank_shares
+from fairseq_clusterformer.ops.centroid_shift import adjusted_rand_index, nearest_cosine
+from fairseq_clusterformer.ops.cluster_groups import cluster_shares
+from fairseq_clusterformer.ops.clustering import nearest_ids
 from fairseq_clusterformer.ops.kmeans import is_degenerate, order_centroids, resolve_backend, spherical_kmeans
 
 logger = logging.getLogger(__name__)
@@ -88,14 +89,12 @@ def refresh_layer(
     ``--amp`` training step): half-precision similarities would move states between neighbouring centroids.
     """
     with torch.autocast(states.device.type, enabled=False):
-        result = _refresh_layer(states, num_clusters, iters, seed, backend)
-        if previous is not None and result.centroids is not None:
-            result.nearest_cosine = nearest_cosine(previous, result.centroids)
-            result.agreement = partition_agreement(states, previous, result.centroids)
-        return result
+        return _refresh_layer(states, num_clusters, iters, seed, backend, previous)
 
 
-def _refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, backend: str) -> LayerResult:
+def _refresh_layer(
+    states: Tensor, num_clusters: int, iters: int, seed: int, backend: str, previous: Tensor | None
+) -> LayerResult:
     start = time.perf_counter()
     if states.size(0) < num_clusters:
         reason = f"{states.size(0)} banked states are fewer than the {num_clusters} clusters"
@@ -105,8 +104,13 @@ def _refresh_layer(states: Tensor, num_clusters: int, iters: int, seed: int, bac
         return LayerResult(None, states.size(0), time.perf_counter() - start, reason)
     backend = resolve_backend(backend, states.device)
     fresh = order_centroids(spherical_kmeans(states, num_clusters, iters, seed, backend))
-    shares = bank_shares(states, fresh)
-    return LayerResult(fresh, states.size(0), time.perf_counter() - start, backend=backend, shares=shares)
+    ids = nearest_ids(states, fresh)  # N: the banked states' clusters, for the shares and for the shift
+    shares = cluster_shares(ids, num_clusters)
+    result = LayerResult(fresh, states.size(0), time.perf_counter() - start, backend=backend, shares=shares)
+    if previous is not None:  # after the clock: the shift is a measurement, not part of the refresh's cost
+        result.nearest_cosine = nearest_cosine(previous, fresh)
+        result.agreement = adjusted_rand_index(nearest_ids(states, previous), ids, previous.size(0), num_clusters)
+    return result
 
 
 class RefreshJob:
