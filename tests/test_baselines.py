@@ -11,6 +11,7 @@ from fairseq_clusterformer.layers.build import build_layer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
 from fairseq_clusterformer.layers.settings import LONG_RANGE_CHOICES, LayerSettings, LongRangePlan
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
+from fairseq_clusterformer.ops.lsh import lsh_buckets
 from tests.reference import (
     attention_merge_reference,
     lsh_ids_reference,
@@ -67,19 +68,41 @@ def test_sparse_strict_layer_sees_exactly_the_positions_a_multiple_of_the_stride
 
 
 def test_lsh_draws_new_rotations_in_training_and_fixed_ones_in_eval():
-    layer = make(LSHLayer, settings(), 8, "strict")
     x = torch.randn(1, 64, C, dtype=torch.float64)
-    layer.train()
     torch.manual_seed(0)
-    first = layer.group_ids(x, None)
-    second = layer.group_ids(x, None)
-    assert not torch.equal(first, second)
+    layer = make(LSHLayer, settings(), 8, "strict").train()
+    first = layer.draw_rotations().clone()
+    ids = layer.group_ids(x, None)
+    assert torch.equal(ids, lsh_buckets(x, first)), "training hashes with the directions just drawn"
+    assert not torch.equal(layer.draw_rotations(), first), "every draw is new"
+    torch.manual_seed(1)
+    layer(x)  # the forward pre-hook draws
+    assert not torch.equal(layer.train_rotations, first)
     torch.manual_seed(0)
-    assert torch.equal(layer.group_ids(x, None), first), "training hashes follow torch's (fairseq-seeded) RNG"
+    assert torch.equal(layer.draw_rotations(), first), "a new torch seed restarts the layer's draws: runs repeat"
     layer.eval()
-    other = make(LSHLayer, settings(), 8, "strict")
+    other = make(LSHLayer, settings(), 8, "strict").eval()
     assert torch.equal(layer.group_ids(x, None), other.group_ids(x, None))
-    assert "eval_rotations" not in layer.state_dict()
+    assert "eval_rotations" not in layer.state_dict() and "train_rotations" not in layer.state_dict()
+
+
+def test_lsh_training_draws_leave_torchs_stream_alone_and_differ_by_layer():
+    """The rotations come from the layer's own stream: torch's global stream (dropout masks, the QA heads' initial
+    weights) is where the sliding-window model of the same seed has it, and two layers hash with other directions."""
+    fifth, sixth = (LSHLayer(settings(), 8, stream=i).train() for i in (5, 6))
+    torch.manual_seed(3)
+    expected = torch.rand(5)
+    torch.manual_seed(3)
+    fifth.draw_rotations()
+    sixth.draw_rotations()
+    assert torch.equal(torch.rand(5), expected)
+    assert not torch.equal(fifth.train_rotations, sixth.train_rotations)
+
+
+def test_lsh_refuses_to_hash_in_training_before_its_first_draw():
+    layer = LSHLayer(settings(), 8).train()
+    with pytest.raises(RuntimeError, match="draw_rotations"):
+        layer.group_ids(torch.randn(1, 10, C), None)
 
 
 def test_lsh_needs_an_even_bucket_count_and_says_which_flag():
@@ -122,9 +145,9 @@ def test_lsh_in_training_is_strictly_causal_for_one_draw_of_rotations():
     for t in (3, 14):
         changed = x.clone()
         changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :])
-        torch.manual_seed(5)
+        layer.draws.restart()  # the same draw for both inputs
         before = layer(x)[:, : t + 1]
-        torch.manual_seed(5)
+        layer.draws.restart()
         assert torch.allclose(before, layer(changed)[:, : t + 1], atol=1e-12)
 
 

@@ -68,6 +68,8 @@ def test_every_layer_kind_traces_as_one_graph(kind, fresh_dynamo):
     layer = make(kind)
     x, pad = batch(2, 21, 0)
     for training in (True, False):
+        if training and hasattr(layer, "draw_rotations"):
+            layer.draw_rotations()  # what the forward pre-hook does before ``attend``, outside the compiled part
         explanation = torch._dynamo.explain(entry(layer))(layer.train(training), x, pad)
         assert explanation.graph_break_count == 0, explanation.break_reasons
         assert explanation.graph_count == 1

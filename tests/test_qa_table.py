@@ -2,6 +2,7 @@
 (qa/scripts/table.py) on prediction files whose scores are known question by question."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -145,6 +146,23 @@ def test_the_paired_entry_gives_each_seeds_own_difference():
     assert entry["seeds"] == [1, 2]  # seed 3 has no baseline
     assert entry["exact_match"]["per_seed"] == [50.0, -25.0] and entry["f1"]["per_seed"] == [25.0, -12.5]
     assert entry["exact_match"]["mean"] == 12.5
+
+
+def test_a_series_can_take_its_baseline_runs_from_another_results_folder(tmp_path):
+    write_runs(tmp_path / "first")
+    series = tmp_path / "series"
+    shutil.copytree(tmp_path / "first" / "article_cluster_seed1", series / "article_cluster_seed1")
+    squad = squad_file(tmp_path / "squad.json")
+    args = ["--squad", squad, "--held-out-from", "1", "--json", tmp_path / "b.json", "--markdown", tmp_path / "b.md"]
+    proc = qa_table("--results", series, "--baseline-from", tmp_path / "first", *args)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "b.json").read_text())
+    # seed 1: cluster answers q1, q3, none q1; the cluster run of seed 2 in "first" is not read
+    assert report["paired"]["cluster"]["seeds"] == [1] and report["paired"]["cluster"]["exact_match"]["mean"] == 25.0
+    assert report["kinds"]["article"]["none"]["seeds"] == [1, 2] and report["baseline_from"] == str(tmp_path / "first")
+    assert f"The `none` runs are those of `{tmp_path / 'first'}`." in (tmp_path / "b.md").read_text()
+    refused = qa_table("--results", tmp_path / "first", "--baseline-from", tmp_path / "first", *args)
+    assert refused.returncode == 1 and "has none runs of its own" in refused.stderr
 
 
 def test_a_run_scored_on_other_questions_is_refused(tmp_path):

@@ -11,6 +11,7 @@ from torch import Tensor
 from fairseq_clusterformer.layers.cluster import Float32Buffers
 from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.sorted_window import NeighbourGroupLayer, SortedWindowLayer
+from fairseq_clusterformer.layers.streams import DrawCounter
 from fairseq_clusterformer.ops.lsh import lsh_buckets, offset_groups, random_rotations
 
 # evaluation hashes with fixed directions, so that a checkpoint scores the same text the same way every time
@@ -20,14 +21,17 @@ EVAL_ROTATION_SEED = 20200121
 class LSHLayer(Float32Buffers, NeighbourGroupLayer):
     """Reformer-style buckets from random rotations, as many as --num-clusters.
 
-    Training draws new directions every forward pass from torch's RNG (which fairseq seeds, so runs repeat);
-    evaluation uses directions drawn once from a fixed seed. They are a non-persistent buffer: not in checkpoints.
+    Training draws new directions at every forward pass, from the layer's own stream (``layers.streams``: seeded from
+    torch's seed, which fairseq sets at every update, so runs and resumed runs repeat; torch's global stream is not
+    touched, so the dropout masks are those of the sliding-window model of the same seed). A forward pre-hook draws
+    them into ``train_rotations`` outside the compiled part of the layer (``--compile-layers`` traces no generator).
+    Evaluation uses directions drawn once from a fixed seed. Both are non-persistent buffers: not in checkpoints.
     The strict mode groups consecutive bucket numbers with equal shares (random directions fill their buckets
     evenly on average).
     """
 
     kind = "lsh"
-    float32_buffers = ("eval_rotations",)
+    float32_buffers = ("eval_rotations", "train_rotations")
 
     def __init__(
         self,
@@ -36,19 +40,33 @@ class LSHLayer(Float32Buffers, NeighbourGroupLayer):
         causality: str = "strict",
         band_groups: int = 1,
         values: str = "own",
+        stream: int = 0,
     ) -> None:
         super().__init__(settings, num_buckets, causality, band_groups, values)
         generator = torch.Generator().manual_seed(EVAL_ROTATION_SEED)
-        self.register_buffer(
-            "eval_rotations", random_rotations(settings.embed_dim, num_buckets, generator), persistent=False
-        )
+        eval_rotations = random_rotations(settings.embed_dim, num_buckets, generator)  # C x P/2
+        self.register_buffer("eval_rotations", eval_rotations, persistent=False)
+        self.register_buffer("train_rotations", torch.zeros_like(eval_rotations), persistent=False)
+        self.drawn = False  # a training-mode group_ids before the first draw would hash with zeros: it refuses
+        self.draws = DrawCounter(stream)
+        self.register_forward_pre_hook(_draw_training_rotations)
+
+    @torch.no_grad()
+    def draw_rotations(self) -> Tensor:
+        """New training directions (C x P/2) from the layer's own stream into ``train_rotations``."""
+        self.drawn = True
+        return self.train_rotations.normal_(generator=self.draws.next_generator(self.train_rotations.device))
 
     def group_ids(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
-        if self.training:
-            rotations = random_rotations(x.size(-1), self.num_groups, device=x.device)  # C x P/2
-        else:
-            rotations = self.eval_rotations
-        return lsh_buckets(x, rotations, padding_mask)
+        if self.training and not self.drawn:
+            raise RuntimeError("LSHLayer.group_ids in training before any training forward: call draw_rotations()")
+        return lsh_buckets(x, self.train_rotations if self.training else self.eval_rotations, padding_mask)
+
+
+def _draw_training_rotations(layer: LSHLayer, args: tuple) -> None:
+    """Forward pre-hook: every training forward hashes with new directions (a module function: layers pickle)."""
+    if layer.training:
+        layer.draw_rotations()
 
 
 class StridedSparseLayer(SortedWindowLayer):

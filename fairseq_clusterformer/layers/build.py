@@ -17,16 +17,17 @@ from fairseq_clusterformer.layers.windowed import SlidingWindowLayer, WindowedTr
 
 
 def build_layer(index: int, settings: LayerSettings, plan: LongRangePlan) -> nn.Module:
-    """Layer number ``index`` (1-based) of a model with ``plan`` (checked when it was made)."""
+    """Layer number ``index`` (1-based) of a model with ``plan`` (checked when it was made). A layer that draws random
+    numbers draws them from stream ``index`` of its own (``layers.streams``)."""
     if index not in plan.layers or plan.kind == "none":
         return SlidingWindowLayer(settings)
     hybrid = plan.mode == "hybrid"
     if plan.kind == "cluster":
         cluster = HybridClusterFormerLayer if hybrid else ClusterFormerLayer
-        return cluster(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values)
+        return cluster(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values, stream=index)
     if plan.kind == "lsh":
         lsh = HybridLSHLayer if hybrid else LSHLayer
-        return lsh(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values)
+        return lsh(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values, stream=index)
     return (HybridSparseLayer if hybrid else StridedSparseLayer)(settings, plan.causality, plan.values)
 
 

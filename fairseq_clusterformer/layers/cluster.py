@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.sorted_window import NeighbourGroupLayer
+from fairseq_clusterformer.layers.streams import stream_generator
 from fairseq_clusterformer.ops.cluster_groups import uniform_shares
 from fairseq_clusterformer.ops.clustering import assign_clusters, cluster_size_entropy
 from fairseq_clusterformer.ops.kmeans import random_ordered_centroids
@@ -56,11 +57,15 @@ class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
         causality: str = "strict",
         band_groups: int = 1,
         values: str = "own",
+        stream: int = 0,
     ) -> None:
         super().__init__(settings, num_clusters, causality, band_groups, values)
         self.num_clusters = num_clusters
-        # a buffer, not a parameter: K-Means on the memory bank sets it, and checkpoints carry it
-        self.register_buffer("centroids", random_ordered_centroids(num_clusters, settings.embed_dim))
+        # a buffer, not a parameter: K-Means on the memory bank sets it, and checkpoints carry it. Drawn from the
+        # layer's own stream (``stream``: its position in the model), not torch's global one, which the sliding-window
+        # model of the same seed goes on to draw its QA heads and dropout masks from (``layers.streams``)
+        initial = random_ordered_centroids(num_clusters, settings.embed_dim, stream_generator(stream))
+        self.register_buffer("centroids", initial)
         # each cluster's share of the banked states at the last refresh: where the strict mode cuts its groups
         self.register_buffer("shares", uniform_shares(num_clusters))
         # how many K-Means refreshes these centroids have seen: a checkpoint says whether they were ever fitted

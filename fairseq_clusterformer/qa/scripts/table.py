@@ -15,6 +15,8 @@ per-question difference (same question, same seed; averaged over the seeds both 
 bootstrap interval over questions (--resamples draws with --seed), and each seed's own mean difference. The intervals
 take questions as independent; the questions of one article are not, so they are narrower than an interval over
 articles would be; and they hold the seeds fixed, so they say nothing of what another seed would do.
+--baseline-from reads the baseline's runs from another results folder: a series whose runs differ from the earlier
+ones (another code version of the long-range layers) shares the baseline runs they were paired with.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--squad", type=Path, required=True, help="SQuAD v1.1 JSON holding the held-out articles")
     parser.add_argument("--held-out-from", type=int, required=True, help="index of the first held-out article")
     parser.add_argument("--baseline", default="none", help="the kind the others are compared with")
+    parser.add_argument(
+        "--baseline-from",
+        type=Path,
+        help="read the --baseline kind's runs from this results folder (a series that shares them with another)",
+    )
     parser.add_argument("--resamples", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=1, help="the bootstrap's random seed")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
@@ -197,6 +204,8 @@ def markdown(report: dict[str, Any]) -> str:
     devices = ", ".join(report["devices"]) or "no run yet"
     lines = [f"Held-out articles from {report['held_out_from']} on, {report['questions']} questions, last checkpoints;"
              f" device: {devices}.", ""]  # fmt: skip
+    if report["baseline_from"]:
+        lines[-1:] = [f"The `{report['baseline']}` runs are those of `{report['baseline_from']}`.", ""]
     for contexts, title in (("article", "b. whole articles"), ("paragraph", "a. paragraph contexts")):
         rows = report["kinds"].get(contexts, {})
         if not rows:
@@ -261,7 +270,13 @@ def markdown(report: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> dict[str, Any]:
     gold = held_out_gold(args.squad, args.held_out_from)
     runs = load_runs(args.results, gold)
+    if args.baseline_from:
+        if any(r["kind"] == args.baseline for r in runs):
+            raise ValueError(f"--results {args.results} has {args.baseline} runs of its own: drop --baseline-from")
+        # a baseline drawn from the same random numbers as the series' runs, shared rather than copied or re-run
+        runs += [r for r in load_runs(args.baseline_from, gold) if r["kind"] == args.baseline]
     report = {
+        "baseline_from": str(args.baseline_from) if args.baseline_from else None,
         "held_out_from": args.held_out_from,
         "questions": len(gold),
         "baseline": args.baseline,
