@@ -26,7 +26,8 @@ _MODULUS = 2**63  # torch.Generator.manual_seed takes 64-bit seeds; a non-negati
 def stream_seed(stream: int, draw: int = 0, base: int | None = None) -> int:
     """The seed of draw number ``draw`` of layer ``stream``; ``base`` None: torch's current initial seed."""
     base = torch.initial_seed() if base is None else base
-    # a polynomial in two primes: distinct (stream, draw) pairs of one base give distinct seeds for any model size
+    # distinct (stream, draw) pairs of one base give distinct seeds while draw < 7,919 (the count restarts at every
+    # update fairseq seeds, so it stays at the micro-batches of one update)
     return ((base % _MODULUS) * 1_000_003 + stream * 7_919 + draw) % _MODULUS
 
 
