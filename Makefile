@@ -6,6 +6,11 @@ SHELL := /bin/bash
 
 PYTHON ?= python3
 PYTEST_ARGS ?=
+# pytest-xdist workers: one per core, at most 4 (each end-to-end test starts fairseq processes of about 1 GB);
+# tests/conftest.py gives each worker its share of the cores as torch / OpenMP threads. TEST_WORKERS=0 runs in one
+# process.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+XDIST = $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 
 VENV := .venv
 TORCH := 2.13.0
@@ -67,7 +72,7 @@ lint: venv ## ruff check
 	$(VENV)/bin/ruff check .
 
 test: lint ## ruff, then the whole test suite (pass options with PYTEST_ARGS="...")
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python -m pytest tests -q -ra $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python -m pytest tests -q -ra $(XDIST) $(PYTEST_ARGS)
 
 # Python 3.10 with the official fairseq 0.12.2 (it does not run on 3.11). Workarounds, in order:
 # - pip < 24.1: fairseq pins omegaconf < 2.1, and omegaconf 2.0.6's metadata ("PyYAML>=5.1.*") is rejected by newer pip.
@@ -89,7 +94,7 @@ $(VENV_0122)/.installed: setup.py Makefile
 	touch $@
 
 test-fairseq-0.12.2: $(VENV_0122)/.installed ## end-to-end tests (-m e2e), Python 3.10 + official fairseq 0.12.2
-	PATH="$(CURDIR)/$(VENV_0122)/bin:$$PATH" $(VENV_0122)/bin/python -m pytest tests -q -ra -m e2e $(PYTEST_ARGS)
+	PATH="$(CURDIR)/$(VENV_0122)/bin:$$PATH" $(VENV_0122)/bin/python -m pytest tests -q -ra -m e2e $(XDIST) $(PYTEST_ARGS)
 
 clean: ## remove both virtual environments (with their stamps) and build leftovers
 	rm -rf $(VENV) $(VENV_0122) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

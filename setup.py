@@ -38,7 +38,7 @@ setup(
     },
     extras_require={
         # transformers: the reference models of the Hugging Face import test
-        "dev": ["pytest", "hypothesis", "ruff==0.17.6", "matplotlib", "transformers"],
+        "dev": ["pytest", "pytest-xdist", "hypothesis", "ruff==0.17.6", "matplotlib", "transformers"],
         # faiss-gpu >= 1.14.3 is the official facebookresearch wheel (CUDA 12, Python >= 3.10, numpy >= 1.25); the
         # older releases under that name (up to 1.7.2) are unofficial and stop at Python 3.10. It installs the same
         # `faiss` package as faiss-cpu: after `pip install -e ".[gpu]"` run

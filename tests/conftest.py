@@ -3,7 +3,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+# Under pytest-xdist (`make test` runs one worker per core) each worker gets its share of the cores as torch and
+# OpenMP threads, set before torch is first imported (the package import below imports it): two workers of two
+# threads each on two cores would spend their time waiting on each other's spinning threads. The end-to-end tests
+# pass OMP_NUM_THREADS on to the fairseq processes they start.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+import pytest  # noqa: E402
 
 from fairseq_clusterformer.scripts.console_scripts import console_script
 

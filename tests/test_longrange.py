@@ -315,7 +315,8 @@ def test_recall_recipe_trains_scores_and_reports_the_recalled_values(tmp_path):
                       "--loop-max", "6", "--min-distance", "20", "--max-distance", "40"])  # fmt: skip
     run_ok("fairseq-preprocess", "--only-source", "--trainpref", text / "train.txt", "--validpref",
            text / "valid.txt", "--testpref", text / "test.txt", "--destdir", data, "--workers", "1")  # fmt: skip
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="2", TOKENS="64",
+    threads = os.environ.get("OMP_NUM_THREADS", "2")
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS=threads, TOKENS="64",
                BATCH="4", UPDATES="3", CLUSTERS="4")  # fmt: skip
     train = REPO / "examples" / "longrange" / "train.sh"
     flags = ["--disable-validation", "--memory-size", "500", "--cluster-update-interval", "2", "--kmeans-iters", "2"]

@@ -23,7 +23,8 @@ SMOKE = {"UPDATES": "4", "NUM_WORKERS": "0", "GPUS": "0"}
 
 def script(recipe, name, *args, **env):
     """Run examples/<recipe>/<name>.sh with the environment's tools on PATH; returns (exit code, output)."""
-    full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="2", **env)
+    threads = os.environ.get("OMP_NUM_THREADS", "2")
+    full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS=threads, **env)
     proc = subprocess.run(
         ["bash", str(EXAMPLES / recipe / f"{name}.sh"), *map(str, args)],
         env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
