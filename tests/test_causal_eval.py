@@ -68,9 +68,11 @@ def test_plain_pass_is_fairseq_eval_lm_and_only_paper_mode_leaks(causality, chec
     loss, ppl = re.search(r"Loss \(base 2\): ([\d.]+), Perplexity: ([\d.]+)", reference).groups()
     evaluated = int(re.search(r"Evaluated ([\d,]+) tokens", reference).group(1).replace(",", ""))
 
-    # (a) the plain pass is fairseq-eval-lm's number (it prints 4 and 2 decimals)
-    assert f"{result['plain']['loss_base2']:.4f}" == loss, (result, reference[-1500:])
-    assert f"{result['plain']['perplexity']:.2f}" == ppl
+    # (a) the plain pass is fairseq-eval-lm's number to the digits it prints (4 and 2 decimals), give or take one
+    # unit of the last: the two processes sum in another order (another thread count under pytest-xdist), and a
+    # float difference of 1e-6 can cross a rounding boundary (318.815 printed 318.81 by one, 318.82 by the other)
+    assert abs(result["plain"]["loss_base2"] - float(loss)) <= 1e-4, (result, reference[-1500:])
+    assert abs(result["plain"]["perplexity"] - float(ppl)) <= 1e-2, (result, reference[-1500:])
     # (d) both passes score every token of the split
     assert result["plain"]["tokens"] == result["causal"]["tokens"] == evaluated == split_tokens
     assert result["blocks"] == -(-split_tokens // 100)
