@@ -28,9 +28,19 @@ TINY_LM_TRAIN = [
 ]  # fmt: skip
 
 
+def subprocess_env(**extra):
+    """The environment for a fairseq process a test starts: this worker's share of the cores as its threads (two when
+    the suite runs in one process on its own), with the tools of this environment first on PATH; `extra` comes last
+    and may set OMP_NUM_THREADS itself."""
+    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "2")
+    env.update(extra)
+    return env
+
+
 def run_cli(tool, *args, cwd=None, timeout=900):
     """Run a real fairseq console script (fairseq-train, fairseq-eval-lm, ...) and return its output."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    env = subprocess_env(PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [console_script(tool), *map(str, args)],
         cwd=cwd,

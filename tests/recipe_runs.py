@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import BIN, REPO
+from tests.conftest import REPO, subprocess_env
 
 EXAMPLES = REPO / "examples"
 
@@ -28,7 +28,7 @@ def snapshot(folder: Path) -> dict[str, str]:
 
 def recipe(name: str, *args, cwd: Path, **env) -> tuple[int, str]:
     """Run examples/NAME with the environment's tools on PATH; (exit status, stdout and stderr together)."""
-    full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1", **env)
+    full_env = subprocess_env(OMP_NUM_THREADS="1", **env)
     proc = subprocess.run(["bash", str(EXAMPLES / name), *map(str, args)], cwd=cwd, env=full_env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
     return proc.returncode, proc.stdout

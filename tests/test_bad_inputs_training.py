@@ -3,7 +3,6 @@
 in flight when training ends is reported, without logging errors, also where the host closed the log's stream
 before the interpreter's exit hooks ran (as pytest does with its capture files)."""
 
-import os
 import subprocess
 import sys
 from argparse import Namespace
@@ -12,7 +11,7 @@ import pytest
 from fairseq.models import ARCH_CONFIG_REGISTRY
 
 from fairseq_clusterformer.lm.model import band_groups
-from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_cli, run_ok
+from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_cli, run_ok, subprocess_env
 
 # 1024 / (2 x 32) = 16 groups by the two-window rule, and only 8 clusters to cut them from
 SHORT_WINDOWS = [
@@ -87,7 +86,7 @@ def test_a_job_joined_after_the_log_was_closed_is_reported_without_logging_error
     proc = subprocess.run(
         [sys.executable, "-c", HOST_CLOSING_ITS_CAPTURE, outcome, *map(str, train)],
         cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")),
+        env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

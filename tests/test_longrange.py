@@ -3,7 +3,6 @@ loops, the generator's dependency distances, and the breakdown on a model traine
 
 import itertools
 import json
-import os
 import random
 import re
 import subprocess
@@ -24,7 +23,7 @@ from fairseq_clusterformer.ops.recurrence import (
 )
 from fairseq_clusterformer.scripts.longrange import longrange_eval, recall_task
 from fairseq_clusterformer.scripts.longrange.longrange_tally import ROLES, Tally
-from tests.conftest import BIN, PACKAGE, REPO, TINY_LM_TRAIN, run_cli, run_ok
+from tests.conftest import PACKAGE, REPO, TINY_LM_TRAIN, run_cli, run_ok, subprocess_env
 
 streams = st.lists(st.integers(0, 5), min_size=1, max_size=60)
 
@@ -315,9 +314,7 @@ def test_recall_recipe_trains_scores_and_reports_the_recalled_values(tmp_path):
                       "--loop-max", "6", "--min-distance", "20", "--max-distance", "40"])  # fmt: skip
     run_ok("fairseq-preprocess", "--only-source", "--trainpref", text / "train.txt", "--validpref",
            text / "valid.txt", "--testpref", text / "test.txt", "--destdir", data, "--workers", "1")  # fmt: skip
-    threads = os.environ.get("OMP_NUM_THREADS", "2")
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS=threads, TOKENS="64",
-               BATCH="4", UPDATES="3", CLUSTERS="4")  # fmt: skip
+    env = subprocess_env(TOKENS="64", BATCH="4", UPDATES="3", CLUSTERS="4")
     train = REPO / "examples" / "longrange" / "train.sh"
     flags = ["--disable-validation", "--memory-size", "500", "--cluster-update-interval", "2", "--kmeans-iters", "2"]
     # the fix this comparison led to: band sliding windows and next values (SLIDING and VALUES reach the flags)

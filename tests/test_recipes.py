@@ -2,7 +2,6 @@
 to end on local files at a tiny scale (nothing is downloaded)."""
 
 import math
-import os
 import re
 import shlex
 import subprocess
@@ -13,7 +12,7 @@ import torch
 from fairseq import options
 
 from fairseq_clusterformer.scripts.lm.prepare_enwik8 import STANDARD_HELD_OUT, bytes_to_text, read_bytes, split_bytes
-from tests.conftest import BIN, REPO, SLICE
+from tests.conftest import REPO, SLICE, subprocess_env
 
 EXAMPLES = REPO / "examples"
 CHARS = REPO / "examples" / "data" / "tinyshakespeare-slice"
@@ -23,8 +22,7 @@ SMOKE = {"UPDATES": "4", "NUM_WORKERS": "0", "GPUS": "0"}
 
 def script(recipe, name, *args, **env):
     """Run examples/<recipe>/<name>.sh with the environment's tools on PATH; returns (exit code, output)."""
-    threads = os.environ.get("OMP_NUM_THREADS", "2")
-    full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS=threads, **env)
+    full_env = subprocess_env(**env)
     proc = subprocess.run(
         ["bash", str(EXAMPLES / recipe / f"{name}.sh"), *map(str, args)],
         env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,

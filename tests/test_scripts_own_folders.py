@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, REPO
+from tests.conftest import REPO, subprocess_env
 from tests.recipe_runs import recipe, snapshot
 from tests.test_code_corpus import make_sources
 
@@ -32,7 +32,7 @@ def foreign_folder(path: Path) -> Path:
 
 def refused(command: list, cwd: Path, watched: Path, **env) -> str:
     before = snapshot(watched)
-    full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1", **env)
+    full_env = subprocess_env(OMP_NUM_THREADS="1", **env)
     proc = subprocess.run(list(map(str, command)), cwd=cwd, env=full_env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 2, proc.stdout[-3000:]

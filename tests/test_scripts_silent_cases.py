@@ -7,7 +7,6 @@ the variable, flag or folder, before anything is written."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BIN, REPO
+from tests.conftest import REPO, subprocess_env
 from tests.hf_sources import make_bert
 from tests.recipe_runs import recipe, snapshot
 
@@ -30,7 +29,7 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the machine's tor
 
 
 def run(command: list, tmp_path: Path, **env) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", OMP_NUM_THREADS="1", **env)
+    full_env = subprocess_env(OMP_NUM_THREADS="1", **env)
     return subprocess.run(list(map(str, command)), cwd=REPO, env=full_env, capture_output=True, text=True,
                           timeout=600)  # fmt: skip
 

@@ -6,9 +6,10 @@ CPU row differ only in the machine and the precision (bf16 autocast on the GPU);
 
 Variants (``--kinds``): the paper's replacement layers at 5, 6 (``none``, ``cluster``, ``lsh``, ``sparse``: the first
 call's runs, whose settings, and so their committed results, stay as they were), the hybrid layers at 5, 6
-(``--long-range-mode hybrid``: ``cluster-hybrid``, ``lsh-hybrid``, ``sparse-hybrid``) and one Cluster-Former layer
-(``cluster-layer6``, ``cluster-layer5``). The second call's default is the new variants with ``none`` beside them: its
-committed rows have the same settings, so they are reused, not run again.
+(``--long-range-mode hybrid``: ``cluster-hybrid``, ``lsh-hybrid``, ``sparse-hybrid``), one Cluster-Former layer
+(``cluster-layer6``, ``cluster-layer5``) and its control, one sparse layer (``sparse-layer6``: far keys at fixed
+positions, chosen without looking at their content). The second call's default is the new variants with ``none``
+beside them: its committed rows have the same settings, so they are reused, not run again.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ VARIANTS = {
     "sparse-hybrid": ("sparse", "hybrid", "5,6"),
     "cluster-layer6": ("cluster", "replace", "6"),
     "cluster-layer5": ("cluster", "replace", "5"),
+    "sparse-layer6": ("sparse", "replace", "6"),
 }
 KINDS = tuple(VARIANTS)
 DEFAULT_KINDS = "none,cluster-hybrid,lsh-hybrid,sparse-hybrid,cluster-layer6"
