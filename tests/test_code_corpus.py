@@ -3,14 +3,13 @@ per-file placeholders for file-local names, and examples/code/prepare.sh end to 
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.conftest import BIN, REPO
+from tests.conftest import REPO, subprocess_env
 
 BUILD = REPO / "examples" / "code" / "build_corpus.py"
 PREPARE = REPO / "examples" / "code" / "prepare.sh"
@@ -118,7 +117,7 @@ def test_the_installed_package_source_names_its_versions(tmp_path):
 @pytest.mark.e2e
 def test_prepare_binarises_a_folder_for_fairseq(tmp_path):
     sources = make_sources(tmp_path / "src", files=60)
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    env = subprocess_env()
     proc = subprocess.run(["bash", str(PREPARE), "--data", str(sources), "--out", str(tmp_path / "work")], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -138,8 +137,7 @@ def test_compare_trains_scores_and_reports_every_run_once(tmp_path):
     # examples/code/compare.sh at a tiny scale on a tiny corpus: every kind it names is trained, scored on the whole
     # test split, cluster-paper also token by token; a second call finds everything done and trains nothing
     sources = make_sources(tmp_path / "src", files=400)  # a valid and a test split of several samples
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}", WINDOW="8", TOKENS="64", BATCH="8",
-               CLUSTERS="4", UPDATES="2", CAUSAL_BLOCKS="1")  # fmt: skip
+    env = subprocess_env(WINDOW="8", TOKENS="64", BATCH="8", CLUSTERS="4", UPDATES="2", CAUSAL_BLOCKS="1")
     work = tmp_path / "work"
     proc = subprocess.run(["bash", str(PREPARE), "--data", str(sources), "--out", str(work)], env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)  # fmt: skip

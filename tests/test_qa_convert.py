@@ -3,16 +3,14 @@ examples are made up in the published shape), the real SQuAD files committed in 
 
 import gzip
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from fairseq_clusterformer.qa.data.records import SkipLog, read_records
 from fairseq_clusterformer.qa.scripts import convert as qa_convert
-from tests.conftest import REPO, run_cli, run_ok
+from tests.conftest import REPO, run_cli, run_ok, subprocess_env
 
 DATA = REPO / "examples" / "data"
 
@@ -320,7 +318,7 @@ def test_prepare_squad_recipe_on_local_files(tmp_path):
     """examples/qa/prepare_squad.sh with --data (no download): convert by article, train spm, binarise both splits."""
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "dev-v1.1.json").write_text(json.dumps(SQUAD))
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", MAX_CONTEXT_TOKENS="64")
+    env = subprocess_env(MAX_CONTEXT_TOKENS="64")
     script = REPO / "examples" / "qa" / "prepare_squad.sh"
     args = ["--data", tmp_path / "src", "--split-dev", "1", "--out", tmp_path / "out", "--spm-vocab", "300"]
     proc = subprocess.run(["bash", script, *map(str, args)], env=env, capture_output=True, text=True, timeout=600)

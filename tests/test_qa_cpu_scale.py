@@ -2,18 +2,15 @@
 small enough to score by hand), the masked-LM pretraining text and examples/qa/cpu_recipe.sh's commands."""
 
 import json
-import os
 import random
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from fairseq_clusterformer.qa.data.records import QARecord
 from fairseq_clusterformer.qa.scripts import baselines as qa_baselines
 from fairseq_clusterformer.qa.scripts import mlm_text as qa_mlm_text
-from tests.conftest import REPO
+from tests.conftest import REPO, subprocess_env
 from tests.test_qa_convert import SQUAD, convert
 
 SQUAD_DEV = REPO / "examples" / "data" / "squad" / "dev-v1.1.json"
@@ -147,7 +144,7 @@ def test_mlm_text_reads_only_the_chosen_articles(tmp_path):
 
 
 def recipe(*args, **env):
-    full_env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env)
+    full_env = subprocess_env(**env)
     return subprocess.run(["bash", RECIPE, *map(str, args)], env=full_env, capture_output=True, text=True,
                           timeout=60, cwd=REPO)  # fmt: skip
 

@@ -5,7 +5,6 @@ device tool's limits, the report holds the runs' rows, a second call skips the r
 call whose budget ends before its runs stops them and still packs."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, subprocess_env
 from tests.recipe_runs import snapshot
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
 
 sys.path.insert(0, str(REPO / "benchmarks" / "qa_device"))
 from runs import DEFAULT_KINDS, REACH_QUESTIONS, VARIANTS, Paths, Run, plan, reach_command, train_command  # noqa: E402
 
-ENV = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
+ENV = subprocess_env(OMP_NUM_THREADS="1")
 OUT_LIMITS = dict(files=8, bytes=16 * 2**20, depth=2)  # the device tool's: files back from $OUT
 
 

@@ -17,7 +17,7 @@ from fairseq_clusterformer.qa.ops.metrics import NQLabel
 from fairseq_clusterformer.qa.ops.spans import AnswerPrediction
 from fairseq_clusterformer.qa.scripts import convert as qa_convert
 from fairseq_clusterformer.qa.scripts import predict as qa_predict
-from tests.conftest import REPO
+from tests.conftest import REPO, subprocess_env
 from tests.test_qa_binarize import GPT2_FLAGS, binarize_ok, run_inprocess
 from tests.test_qa_convert import NQ_TEXT, nq_example
 
@@ -67,7 +67,9 @@ def fake_predict_tool(tmp_path):
     tool = bin_dir / "fairseq-clusterformer-qa-predict"
     tool.write_text('#!/usr/bin/env bash\necho "| args: $*"\n')
     tool.chmod(0o755)
-    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = subprocess_env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"  # the stand-in before the real tool
+    return env
 
 
 @pytest.mark.parametrize("threshold, expected", [(None, "2"), ("1", "1")])

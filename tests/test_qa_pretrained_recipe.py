@@ -2,14 +2,13 @@
 clusterformer_qa from it and score the held-out questions; run end to end on a tiny random BertModel made here."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, subprocess_env
 from tests.hf_sources import import_transformers
 from tests.test_hf_tokenizer import SQUAD, make_hf_dir
 
@@ -19,7 +18,7 @@ RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
 def recipe(*args, timeout=60, **env):
     """The recipe in float32 unless ``env`` says otherwise: its default, PRECISION=auto, depends on the CPU."""
     env = {"PRECISION": "fp32", **env}
-    full_env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env)
+    full_env = subprocess_env(**env)
     return subprocess.run(["bash", RECIPE, *map(str, args)], env=full_env, capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)  # fmt: skip
 
@@ -205,10 +204,10 @@ def test_the_default_precision_is_what_this_cpu_multiplies_fastest(tmp_path):
     assert probe.returncode == 0 and probe.stdout.strip() in ("bf16", "fp32"), probe.stderr
     assert "GFLOP/s" in probe.stderr
     (tmp_path / "config.json").write_text("{}")
-    env = {key: value for key, value in os.environ.items() if key not in ("PRECISION", "ATTENTION_DROPOUT")}
+    env = {key: value for key, value in subprocess_env().items() if key not in ("PRECISION", "ATTENTION_DROPOUT")}
     proc = subprocess.run(
         ["bash", RECIPE, "--hf", tmp_path, "--dry-run", "--out", tmp_path / "o"], capture_output=True, text=True,
-        env=dict(env, PATH=f"{Path(sys.executable).parent}:{env['PATH']}"), cwd=REPO, timeout=60,
+        env=env, cwd=REPO, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     chosen = "bf16" if "--autocast-bf16" in proc.stdout else "fp32"

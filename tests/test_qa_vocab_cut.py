@@ -3,10 +3,8 @@ uncut one computes (float16 storage: exactly what the uncut one with float16-rou
 float32 model's logits up to that rounding); the re-indexed data holds the same symbols."""
 
 import argparse
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,14 +13,14 @@ from fairseq.data import Dictionary
 from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
 from fairseq_clusterformer.qa.pretrained import EMBED_KEY
 from fairseq_clusterformer.qa.scripts.cut_vocab import data_arg
-from tests.conftest import REPO, run_ok
+from tests.conftest import REPO, run_ok, subprocess_env
 from tests.test_qa_model import batch, build
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
 
 QA_FLAGS = ["--window-size", "48", "--window-stride", "40", "--long-range-layers", "5,6", "--num-clusters", "4"]
 
 
-ENV = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+ENV = subprocess_env()
 
 
 def cut_vocab(*args):
