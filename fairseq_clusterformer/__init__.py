@@ -12,5 +12,5 @@ from fairseq_clusterformer.compat.patches import install_patches
 # before any dataset is batched or checkpoint loaded: see compat/patches.py for what each patch restores
 install_patches()
 
-from fairseq_clusterformer.lm import model, task  # noqa: E402, F401
+from fairseq_clusterformer.lm import architectures, model, task  # noqa: E402, F401
 from fairseq_clusterformer.qa import criterion, model, task  # noqa: E402, F401, F811
