@@ -3,20 +3,14 @@ tiny one for tests and the demo. Each fills only what the command line left unse
 
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer_lm import base_lm_architecture, transformer_lm_baevski_wiki103
-from fairseq.utils import safe_getattr
 
 # the model first: an architecture registers against a registered model name
+from fairseq_clusterformer.compat.arch_defaults import set_defaults
 from fairseq_clusterformer.lm.model import ClusterFormerLanguageModel  # noqa: F401
 
 
-def _set_defaults(args, **defaults) -> None:
-    """Architecture presets: fill what the command line left unset (fairseq's arch-function convention)."""
-    for name, value in defaults.items():
-        setattr(args, name, safe_getattr(args, name, value))
-
-
 def _long_range_defaults(args, layers: str, num_clusters: int = 512, window: int = 256, stride: int = 128) -> None:
-    _set_defaults(
+    set_defaults(
         args,
         window_size=window,
         window_stride=stride,
@@ -42,7 +36,7 @@ def clusterformer_lm_wiki103(args):
 @register_model_architecture("clusterformer_lm", "clusterformer_lm_enwik8")
 def clusterformer_lm_enwik8(args):
     """The paper's enwik8 model: 16 layers, 8 heads, 512 dims, byte vocabulary (tied input/output)."""
-    _set_defaults(
+    set_defaults(
         args,
         decoder_layers=16,
         decoder_attention_heads=8,
@@ -61,7 +55,7 @@ def clusterformer_lm_enwik8(args):
 @register_model_architecture("clusterformer_lm", "clusterformer_lm_tiny")
 def clusterformer_lm_tiny(args):
     """For tests and the demo: 4 layers of 64 dims, long-range layers 2 and 4, 16 clusters, windows of 64."""
-    _set_defaults(
+    set_defaults(
         args,
         decoder_layers=4,
         decoder_attention_heads=4,

@@ -24,6 +24,7 @@ from fairseq.models.roberta import (
 from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
+from fairseq_clusterformer.compat.arch_defaults import set_defaults
 from fairseq_clusterformer.layers.build import configure_layers
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
 from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE
@@ -229,18 +230,13 @@ class ClusterFormerQAModel(RobertaModel):
 BT_COPY = re.compile(r"\.layers\.\d+\.(in_proj|out_proj|fc1|fc2)_(weight|bias)$")
 
 
-def _set_defaults(args, **defaults) -> None:
-    for name, value in defaults.items():
-        setattr(args, name, safe_getattr(args, name, value))
-
-
 def _window_defaults(
     args, layers: str, num_clusters: int = 512, window: int = 256, stride: int = 224, positions: int = 512
 ) -> None:
     # an imported Hugging Face encoder fixes the sizes, activation and positions before the architecture's defaults
-    _set_defaults(args, **imported_encoder_args(safe_getattr(args, "roberta_path", None)))
-    _set_defaults(args, layer_norm_eps=1e-5, type_vocab_size=0)  # fairseq's LayerNorm default; RoBERTa has no types
-    _set_defaults(
+    set_defaults(args, **imported_encoder_args(safe_getattr(args, "roberta_path", None)))
+    set_defaults(args, layer_norm_eps=1e-5, type_vocab_size=0)  # fairseq's LayerNorm default; RoBERTa has no types
+    set_defaults(
         args,
         window_size=window,
         window_stride=stride,
@@ -281,7 +277,7 @@ def clusterformer_qa_base_arch(args):
 def clusterformer_qa_tiny(args):
     """For tests: 4 layers of 64 dims, long-range layers 2 and 4, 16 clusters, windows of 32 with stride 24."""
     _window_defaults(args, "2,4", num_clusters=16, window=32, stride=24, positions=128)
-    _set_defaults(
+    set_defaults(
         args,
         encoder_layers=4,
         encoder_embed_dim=64,
