@@ -10,15 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
-from fairseq_clusterformer.qa.data.predictions import nq_prediction, with_null_predictions
+from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit, span_in_paragraph
+from fairseq_clusterformer.qa.data.predictions import nq_prediction, with_null_predictions, write_nq_predictions
 from fairseq_clusterformer.qa.ops import metrics as m
-from fairseq_clusterformer.qa.ops.metrics import NQLabel
+from fairseq_clusterformer.qa.ops.metrics import NQLabel, nq_label_from_json, nq_scores
 from fairseq_clusterformer.qa.ops.spans import AnswerPrediction
 from fairseq_clusterformer.qa.scripts import convert as qa_convert
 from fairseq_clusterformer.qa.scripts import predict as qa_predict
 from tests.conftest import REPO, subprocess_env
-from tests.test_qa_binarize import GPT2_FLAGS, binarize_ok, run_inprocess
+from tests.test_qa_binarize import GPT2_FLAGS, binarize_ok, check_split, convert_ok, gpt2, run_inprocess  # noqa: F401 (gpt2: a fixture)
 from tests.test_qa_convert import NQ_TEXT, nq_example
 
 TOKENS = NQ_TEXT.split(" ")
@@ -215,3 +215,46 @@ def test_prediction_script_refuses_contexts_cut_around_the_answers(tmp_path, mon
     )
     with pytest.raises(SystemExit, match="--split train: its contexts were cut around the gold answers"):
         qa_predict.main(args)
+
+
+def test_nq_gold_spans_round_trip_to_official_predictions(tmp_path, gpt2):  # noqa: F811
+    src = tmp_path / "nq.jsonl.gz"
+    null = {
+        "long_answer": {"start_token": -1, "end_token": -1, "candidate_index": -1},
+        "short_answers": [],
+        "yes_no_answer": "NONE",
+    }
+    lines = [nq_example(), nq_example(7, [null])]
+    src.write_bytes(gzip.compress("".join(json.dumps(x) + "\n" for x in lines).encode()))
+    convert_ok("--format", "nq", src, tmp_path / "nq.jsonl")
+    binarize_ok(
+        *GPT2_FLAGS,
+        "--valid",
+        tmp_path / "nq.jsonl",
+        "--destdir",
+        tmp_path / "bin",
+    )
+    data, _ = check_split(tmp_path / "bin", "valid", 2)
+    predictions = []
+    for i, meta in enumerate(data.metas):
+        span = tuple(meta["spans"][0]) if meta["spans"] else None
+        predictions.append(
+            nq_prediction(
+                data.tokenizer, data[i].context, meta, meta["answer_type"], meta["long_answer"], 1.0, span, 1.0
+            )
+        )
+    assert predictions[0]["long_answer"]["start_token"] == 10 and predictions[0]["long_answer"]["end_token"] == 24
+    assert [(s["start_token"], s["end_token"]) for s in predictions[0]["short_answers"]] == [(19, 22)]
+    assert predictions[1]["long_answer"]["start_token"] == -1 and predictions[1]["short_answers"] == []
+    write_nq_predictions(str(tmp_path / "nq-pred.json"), predictions)
+    read_back = json.loads((tmp_path / "nq-pred.json").read_text())["predictions"]
+    golds = {
+        str(m["extra"]["example_id"]): [nq_label_from_json(a) for a in m["extra"]["annotations"]] for m in data.metas
+    }
+    scores = nq_scores(golds, {str(p["example_id"]): nq_label_from_json(p) for p in read_back}, non_null_threshold=1)
+    assert scores["long-f1"] == 1.0 and scores["short-f1"] == 1.0
+    # a span that straddles two paragraphs is cut at the end of its own
+    meta = data.metas[0]
+    starts = meta["paragraph_starts"]
+    p, byte_start, byte_end = span_in_paragraph(gpt2, data[0].context, starts, starts[0] + 1, starts[1] + 2)
+    assert (p, byte_start) == (0, 0) and byte_end == len(lines[0]["document_text"].split("<P> ")[1].split(" </P>")[0])
