@@ -10,7 +10,8 @@ and RUN.train.log beside RUN (the `+ fairseq-train ...` command line that train.
 lines). The settings are parsed from that command, not restated by hand: what ran is what is recorded. It writes
 RESULTS/CONTEXTS_VARIANT_seedSEED/ (VARIANT: the kind, -hybrid, -layerN as benchmarks/qa_device names them; the
 precision and attention dropout, the same for every row of one results folder, are settings, not part of the name):
-summary.json (settings, EM / F1, the CPU's model name, seconds), valid.pred.json, eval.log, command.txt,
+summary.json (settings, EM / F1, the CPU's model name, seconds: the scoring's from qa-predict's own
+'| scoring:' line where eval.log has it), valid.pred.json, eval.log, command.txt,
 train_inner.log (the progress lines and the K-Means refreshes'), and reach.json when given. An existing run folder
 there is refused: results are not overwritten.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import shutil
 import sys
@@ -84,8 +86,27 @@ def variant(settings: dict[str, Any]) -> str:
     return names[0]
 
 
+def scoring_seconds(run: Path, given_wall: float | None) -> tuple[float | None, float | None]:
+    """The scoring's wall and CPU seconds: as given, else from qa-predict's own '| scoring:' line in eval.log,
+    else (an eval.log of before that line, CPU unknown) the time from the last checkpoint's write to the
+    predictions' write, which holds only where the scoring followed the training without a stop."""
+    found = re.search(r"^\| scoring: (\d+) s wall, (\d+) s CPU$", (run / "eval.log").read_text(), re.MULTILINE)
+    if found:
+        wall, cpu = float(found[1]), float(found[2])
+        return (wall if given_wall is None else given_wall), cpu
+    checkpoint = run / "checkpoint_last.pt"
+    if given_wall is None and checkpoint.is_file():
+        given_wall = (run / "valid.pred.json").stat().st_mtime - checkpoint.stat().st_mtime
+    return given_wall, None
+
+
 def collect(
-    run: Path, results: Path, reach: Path | None, train_seconds: float | None, predict_cpu: float | None = None
+    run: Path,
+    results: Path,
+    reach: Path | None,
+    train_seconds: float | None,
+    predict_cpu: float | None = None,
+    predict_wall: float | None = None,
 ) -> Path:
     train_log = run.parent / f"{run.name}.train.log"
     for path in (run / "summary.json", run / "valid.pred.json", run / "eval.log", train_log):
@@ -110,11 +131,8 @@ def collect(
     if out.exists():
         fail(f"{out} exists: results are not overwritten (remove it to collect {run} again)")
     out.mkdir(parents=True)
-    checkpoint = run / "checkpoint_last.pt"
-    # from the last checkpoint's write to the predictions' write: the scoring's wall time
-    predict_wall = None
-    if checkpoint.is_file():
-        predict_wall = (run / "valid.pred.json").stat().st_mtime - checkpoint.stat().st_mtime
+    predict_wall, measured_cpu = scoring_seconds(run, predict_wall)
+    predict_cpu = measured_cpu if predict_cpu is None else predict_cpu
     summary = {
         "run": name,
         "recipe_run": run.name,
@@ -146,10 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reach", type=Path, help="fairseq-clusterformer-qa-reach --json of this run's checkpoint")
     parser.add_argument("--train-seconds", type=float, help="the recipe's '| fine-tuning RUN: N s'")
     parser.add_argument("--predict-cpu-seconds", type=float, help="the scoring process's CPU seconds, where measured")
+    parser.add_argument(
+        "--predict-wall-seconds",
+        type=float,
+        help="the scoring's wall seconds, where its eval.log lacks qa-predict's '| scoring:' line and it did not "
+        "follow the training at once (a stopped scoring run again)",
+    )
     args = parser.parse_args(argv)
     if args.reach is not None and not args.reach.is_file():
         fail(f"--reach {args.reach} not found")
-    print(collect(args.run, args.results, args.reach, args.train_seconds, args.predict_cpu_seconds))
+    seconds = (args.train_seconds, args.predict_cpu_seconds, args.predict_wall_seconds)
+    print(collect(args.run, args.results, args.reach, *seconds))
     return 0
 
 

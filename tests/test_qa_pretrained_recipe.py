@@ -2,6 +2,7 @@
 clusterformer_qa from it and score the held-out questions; run end to end on a tiny random BertModel made here."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -171,6 +172,12 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     assert proc.returncode == 0, proc.stderr
     collected = json.loads((results / "article_cluster_seed3" / "summary.json").read_text())
     assert collected["exact_match"] == row["exact_match"] and collected["f1"] == row["f1"]
+    # the scoring's seconds are qa-predict's own, not the gap between file writes
+    scoring = re.search(r"^\| scoring: (\d+) s wall, (\d+) s CPU$", (run / "eval.log").read_text(), re.MULTILINE)
+    assert scoring, (run / "eval.log").read_text()
+    seconds = collected["seconds"]
+    assert (seconds["predict_wall"], seconds["predict_cpu"]) == (int(scoring[1]), int(scoring[2]))
+    assert seconds["train_wall"] == 12
     settings = collected["settings"]
     assert (settings["kind"], settings["variant"], settings["seed"]) == ("cluster", "cluster", 3)
     assert settings["updates"] == 6
@@ -182,6 +189,14 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     assert "K-Means job 1 started at update 3" in kept and "num_updates 6" in kept
     proc = subprocess.run(collect, capture_output=True, text=True, cwd=REPO)  # results are not overwritten
     assert proc.returncode == 2 and "exists" in proc.stderr
+    # an eval.log of before qa-predict timed itself, from a scoring run again after a stop: the wall as given
+    log = run / "eval.log"
+    log.write_text(log.read_text().replace(scoring[0] + "\n", ""))
+    older = [*collect[:3], "--results", tmp_path / "older", "--predict-wall-seconds", "4971"]
+    proc = subprocess.run(older, capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    seconds = json.loads((tmp_path / "older" / "article_cluster_seed3" / "summary.json").read_text())["seconds"]
+    assert (seconds["predict_wall"], seconds["predict_cpu"]) == (4971, None)
     table = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", results, "--squad",
              data / "dev-v1.1.json", "--held-out-from", "2"]  # fmt: skip
     proc = subprocess.run(table, capture_output=True, text=True, cwd=REPO)

@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -206,7 +207,11 @@ def cli_main() -> None:
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", level=logging.INFO, stream=sys.stderr
     )
+    wall, cpu = time.monotonic(), time.process_time()
     scores = run_cli(main, get_parser())
+    # the scoring's own cost, model load included: a results collector cannot tell it from file times once a
+    # stopped scoring was run again (process_time counts every thread of this process)
+    print(f"| scoring: {time.monotonic() - wall:.0f} s wall, {time.process_time() - cpu:.0f} s CPU")
     print(json.dumps(scores))
 
 
