@@ -32,13 +32,11 @@ import torch
 from bench_common import (
     LoadSampler,
     append_jsonl,
-    machine_info,
-    markdown_table,
-    matmul_gflops,
     prepare_char_data,
     read_jsonl,
     run_worker,
 )
+from kmeans_report import measured_on, render
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parent.parent / "fairseq_clusterformer"
@@ -88,25 +86,11 @@ def run_refresh(args) -> None:
                     "cpu_times_s": cpu,
                     "median_cpu_s": statistics.median(cpu),
                     **load.summary(),
+                    "machine": measured_on(),
                 }
                 print(json.dumps(record), flush=True)
                 append_jsonl(results, record)
                 done.append(record)
-
-
-def matmul_rate(path: Path) -> float:
-    """This machine's float32 matmul rate (GFLOP/s, one thread), measured once and kept, so re-rendering the table
-    gives the same floors; delete the file to measure again."""
-    if path.exists():
-        return json.loads(path.read_text())["gflops"]
-    rate = matmul_gflops()
-    path.write_text(json.dumps({"gflops": rate, "threads": torch.get_num_threads()}) + "\n")
-    return rate
-
-
-def flops(record: dict) -> float:
-    """FLOPs of the assignment products of one refresh: every iteration multiplies N x C states by C x P centroids."""
-    return 2 * record["bank"] * record["dim"] * record["clusters"] * record["iters"]
 
 
 def stall_command(args, swap_delay: int) -> list[str]:
@@ -220,101 +204,10 @@ def run_stall(args) -> None:
         ]
         with LoadSampler(every_s=5.0) as load:
             record = run_worker(HERE, [*map(str, forwarded)], timeout=3600)
-        record.update(load.summary(), threads=torch.get_num_threads())
+        record.update(load.summary(), threads=torch.get_num_threads(), machine=measured_on())
         record["command"] = "fairseq-train " + " ".join(stall_command(args, delay)[1:])
         print(json.dumps(record), flush=True)
         append_jsonl(results, record)
-
-
-def render(args) -> str:
-    info = machine_info()
-    sections = [f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}."]
-    refresh = read_jsonl(args.out_dir / "kmeans_refresh.jsonl")
-    if refresh:
-        rows = [
-            [
-                r["device"],
-                f"{r['bank']:,} x {r['dim']}",
-                r["clusters"],
-                r["backend"],
-                r["threads"],
-                f"{r['median_s']:.2f}",
-                " / ".join(f"{t:.1f}" for t in r["times_s"]),
-                f"{r['median_cpu_s']:.2f}",
-                f"{r['load_median']:.1f} ({r['load_min']:.1f}-{r['load_max']:.1f})",
-            ]
-            for r in refresh
-        ]
-        sections.append(
-            markdown_table(
-                [
-                    "device",
-                    "bank",
-                    "clusters",
-                    "backend",
-                    "threads",
-                    "wall s (median)",
-                    "each run, wall s",
-                    "CPU s (median, all threads)",
-                    "load avg",
-                ],
-                rows,
-            )
-        )
-    if refresh:
-        rate = matmul_rate(args.out_dir / "kmeans_matmul_rate.json")
-        floors = []
-        for r in (r for r in refresh if r["backend"] == refresh[0]["backend"]):
-            key = (r["device"], r["dim"], r["clusters"])
-            same = [q for q in refresh if (q["device"], q["dim"], q["clusters"]) == key]
-            floor = flops(r) / (rate * 1e9)
-            measured = ", ".join(
-                f"{q['backend']} {q['median_cpu_s']:.1f} s ({q['median_cpu_s'] / floor:.1f}x)" for q in same
-            )
-            floors.append(
-                f"- {r['bank']:,} x {r['dim']}, {r['clusters']} clusters: {flops(r) / 1e9:.0f} GFLOP, floor "
-                f"{floor:.1f} s; measured CPU time {measured}"
-            )
-        sections.append(
-            f"Assignment matmuls alone (2 N C P x iterations) against this machine's float32 matmul rate, measured "
-            f"on one thread when the table was first written (kept in kmeans_matmul_rate.json): {rate:.0f} GFLOP/s "
-            "of CPU time.\n\n" + "\n".join(floors)
-        )
-    stall = read_jsonl(args.out_dir / "kmeans_stall.jsonl")
-    if stall:
-        rows = [
-            [
-                r["swap_delay"],
-                r["bank_states"],
-                f"{r['median_step_s']:.2f}",
-                f"{r['stall_max_step_s']:.2f}",
-                f"{r['stall_total_s']:.2f}",
-                f"{r['refresher_stall_s']:.2f}",
-                ", ".join(f"{u}: {s}" for u, s in r["refresh_steps"]),
-            ]
-            for r in stall
-            if "swap_delay" in r
-        ]
-        sections.append(
-            markdown_table(
-                [
-                    "--kmeans-swap-delay",
-                    "bank states",
-                    "normal step s",
-                    "worst step excess s",
-                    "total excess s (snapshot..install)",
-                    "refresher's stall s",
-                    "step times from snapshot to install",
-                ],
-                rows,
-            )
-        )
-        sections += ["Refresher log:\n" + "\n".join(f"    {line}" for line in r.get("log", [])) for r in stall]
-        sections += [f"Stall run error: {r['error']}" for r in stall if "error" in r]
-    text = "\n\n".join(sections)
-    (args.out_dir / "kmeans.md").write_text(text + "\n")
-    print(text)
-    return text
 
 
 def parse_args(argv=None):

@@ -86,18 +86,16 @@ def variant(settings: dict[str, Any]) -> str:
     return names[0]
 
 
-def scoring_seconds(run: Path, given_wall: float | None) -> tuple[float | None, float | None]:
-    """The scoring's wall and CPU seconds: as given, else from qa-predict's own '| scoring:' line in eval.log,
-    else (an eval.log of before that line, CPU unknown) the time from the last checkpoint's write to the
+def scoring_seconds(run: Path, given_wall: float | None, given_cpu: float | None) -> tuple[float | None, float | None]:
+    """The scoring's wall and CPU seconds: each as given, else from qa-predict's own '| scoring:' line in eval.log,
+    else (an eval.log of before that line, CPU unknown) the wall as the time from the last checkpoint's write to the
     predictions' write, which holds only where the scoring followed the training without a stop."""
     found = re.search(r"^\| scoring: (\d+) s wall, (\d+) s CPU$", (run / "eval.log").read_text(), re.MULTILINE)
-    if found:
-        wall, cpu = float(found[1]), float(found[2])
-        return (wall if given_wall is None else given_wall), cpu
+    wall, cpu = (float(found[1]), float(found[2])) if found else (None, None)
     checkpoint = run / "checkpoint_last.pt"
-    if given_wall is None and checkpoint.is_file():
-        given_wall = (run / "valid.pred.json").stat().st_mtime - checkpoint.stat().st_mtime
-    return given_wall, None
+    if wall is None and checkpoint.is_file():
+        wall = (run / "valid.pred.json").stat().st_mtime - checkpoint.stat().st_mtime
+    return (wall if given_wall is None else given_wall), (cpu if given_cpu is None else given_cpu)
 
 
 def collect(
@@ -131,8 +129,7 @@ def collect(
     if out.exists():
         fail(f"{out} exists: results are not overwritten (remove it to collect {run} again)")
     out.mkdir(parents=True)
-    predict_wall, measured_cpu = scoring_seconds(run, predict_wall)
-    predict_cpu = measured_cpu if predict_cpu is None else predict_cpu
+    predict_wall, predict_cpu = scoring_seconds(run, predict_wall, predict_cpu)
     summary = {
         "run": name,
         "recipe_run": run.name,
