@@ -7,8 +7,9 @@ CPU row differ only in the machine and the precision (bf16 autocast on the GPU);
 Variants (``--kinds``): the paper's replacement layers at 5, 6 (``none``, ``cluster``, ``lsh``, ``sparse``: the first
 call's runs, whose settings, and so their committed results, stay as they were), the hybrid layers at 5, 6
 (``--long-range-mode hybrid``: ``cluster-hybrid``, ``lsh-hybrid``, ``sparse-hybrid``), one Cluster-Former layer
-(``cluster-layer6``, ``cluster-layer5``) and its control, one sparse layer (``sparse-layer6``: far keys at fixed
-positions, chosen without looking at their content). The second call's default is the new variants with ``none``
+(``cluster-layer6``, ``cluster-layer5``), its control, one sparse layer (``sparse-layer6``: far keys at fixed
+positions, chosen without looking at their content), and one LSH layer (``lsh-layer6``: far keys by content, through
+random rotations instead of trained centroids). The second call's default is the new variants with ``none``
 beside them: its committed rows have the same settings, so they are reused, not run again.
 """
 
@@ -30,6 +31,7 @@ VARIANTS = {
     "cluster-layer6": ("cluster", "replace", "6"),
     "cluster-layer5": ("cluster", "replace", "5"),
     "sparse-layer6": ("sparse", "replace", "6"),
+    "lsh-layer6": ("lsh", "replace", "6"),
 }
 KINDS = tuple(VARIANTS)
 DEFAULT_KINDS = "none,cluster-hybrid,lsh-hybrid,sparse-hybrid,cluster-layer6"

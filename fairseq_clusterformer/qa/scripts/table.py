@@ -44,6 +44,7 @@ LABELS = {
     "cluster-layer6": "one Cluster-Former layer, 6 (`cluster-layer6`)",
     "cluster-layer5": "one Cluster-Former layer, 5 (`cluster-layer5`)",
     "sparse-layer6": "one sparse layer, 6 (`sparse-layer6`)",
+    "lsh-layer6": "one LSH layer, 6 (`lsh-layer6`)",
 }
 METRICS = {"exact_match": exact_match, "f1": token_f1}
 
