@@ -26,6 +26,14 @@ def snapshot(folder: Path) -> dict[str, str]:
     return {str(path.relative_to(folder)): state(path) for path in sorted(folder.rglob("*"))}
 
 
+def mark_as_made_by(folder: Path, script: str) -> Path:
+    """Leave the marker (examples/recipe_args.sh) that examples/SCRIPT leaves in a folder it made: a folder a test
+    builds by hand then stands for one of that recipe's earlier runs, which the recipe takes as its own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ".made-by-recipe").write_text(f"examples/{script}\n")
+    return folder
+
+
 def recipe(name: str, *args, cwd: Path, **env) -> tuple[int, str]:
     """Run examples/NAME with the environment's tools on PATH; (exit status, stdout and stderr together)."""
     full_env = subprocess_env(OMP_NUM_THREADS="1", **env)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import run_ok
 from tests.hf_sources import make_bert, make_roberta
-from tests.recipe_runs import EXAMPLES, recipe, snapshot, truncated_checkpoint
+from tests.recipe_runs import EXAMPLES, mark_as_made_by, recipe, snapshot, truncated_checkpoint
 
 SQUAD = EXAMPLES / "data" / "squad"
 # recipe, a flag of it that takes a value, and for those that stop on a missing positional argument first, those
@@ -154,6 +154,7 @@ def encoders(tmp_path_factory):
     moved = shutil.copytree(bert, root / "moved")
     out = root / "out"
     run_ok("fairseq-clusterformer-import-hf", bert, out / "encoder")
+    mark_as_made_by(out, "qa/cpu_pretrained.sh")
     return bert, roberta, moved, out
 
 
@@ -174,6 +175,7 @@ def test_cpu_pretrained_refuses_data_made_from_another_encoder(encoders, tmp_pat
     bert, _, _, made = encoders
     out = tmp_path / "out"
     shutil.copytree(made / "encoder", out / "encoder")
+    mark_as_made_by(out, "qa/cpu_pretrained.sh")
     squad = out / "squad_paragraph"
     squad.mkdir()
     other = {"source": "/elsewhere/minilm", "weights_file": "model.safetensors", "weights_sha256": "0" * 64}
@@ -185,6 +187,7 @@ def test_cpu_pretrained_refuses_data_made_from_another_encoder(encoders, tmp_pat
 
 def test_cpu_pretrained_names_the_run_whose_checkpoint_cannot_be_read(tmp_path, fake_hf):
     last = truncated_checkpoint(tmp_path / "out" / "paragraph_none_seed1" / "checkpoint_last.pt")
+    mark_as_made_by(tmp_path / "out", "qa/cpu_pretrained.sh")
     args = ("--hf", fake_hf, "--data", SQUAD, "--out", "out", "--dry-run")
     # float32: the run's name, not this machine's precision, is under test
     msg = refused("qa/cpu_pretrained.sh", *args, cwd=tmp_path, PRECISION="fp32")

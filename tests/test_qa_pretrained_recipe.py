@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import REPO, subprocess_env
 from tests.hf_sources import import_transformers
+from tests.recipe_runs import mark_as_made_by
 from tests.test_hf_tokenizer import SQUAD, make_hf_dir
 
 RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
@@ -120,6 +121,7 @@ def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     run_dir = tmp_path / "o" / "paragraph_none_seed1"
     run_dir.mkdir(parents=True)
+    mark_as_made_by(tmp_path / "o", "qa/cpu_pretrained.sh")
     state = {"optimizer_history": [{"num_updates": 2}], "extra_state": {"previous_training_time": 7200.0}}
     torch.save(state, run_dir / "checkpoint_last.pt")
     args = ("--hf", tmp_path, "--dry-run", "--out", tmp_path / "o")

@@ -1,7 +1,8 @@
 """A script removes only what it made itself, run for real: examples/code/prepare.sh --out, examples/demo.sh WORK,
-benchmarks/qa_device/prepare.sh --out / --work and benchmarks/gpu_check/bundle.sh DEST refuse (exit 2, naming the
-folder and its flag) a non-empty folder they did not make, and change nothing in it; a folder one of them made before
-(its marker file, examples/recipe_args.sh) takes a re-run. bundle.sh finds its Python 3.12 or asks for it by name,
+examples/qa/cpu_pretrained.sh --out (run, --dry-run, --prepare-only), benchmarks/qa_device/prepare.sh --out / --work
+and benchmarks/gpu_check/bundle.sh DEST refuse (exit 2, naming the folder and its flag) a non-empty folder they did
+not make, and change nothing in it; a folder one of them made before (its marker file, examples/recipe_args.sh) takes
+a re-run. bundle.sh finds its Python 3.12 or asks for it by name,
 and a failing build leaves the earlier bundle as it was."""
 
 from __future__ import annotations
@@ -73,6 +74,15 @@ def test_demo_refuses_a_work_folder_it_did_not_make(tmp_path, made_by):
         assert f"{shown}: that folder was made by {made_by}, not by examples/demo.sh; give another WORK" in text
     else:
         assert names_the_folder(text, shown, "examples/demo.sh")
+
+
+@pytest.mark.parametrize("mode", [(), ("--dry-run",), ("--prepare-only",)])
+def test_qa_cpu_recipe_refuses_an_out_it_did_not_make(tmp_path, mode):
+    out = foreign_folder(tmp_path / "out")
+    command = ["bash", REPO / "examples/qa/cpu_pretrained.sh", "--data", REPO / "examples/data/squad", "--out", out]
+    text = refused(command + list(mode), tmp_path, tmp_path, PRECISION="fp32")
+    assert names_the_folder(text, f"--out {out}", "examples/qa/cpu_pretrained.sh")
+    assert "give a new or empty --out" in text
 
 
 @pytest.mark.parametrize("flag", ["--out", "--work"])

@@ -30,7 +30,9 @@
 #   under fp32), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
 #   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
-#   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours).
+#   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours),
+#   SAVE_INTERVAL (100: checkpoint_last.pt is saved every SAVE_INTERVAL updates, so that a run killed from outside, as
+#   at the end of a machine's session, resumes from at most that many updates back; 0: only at the end or the stop).
 # A run stopped by MAX_HOURS before UPDATES is not scored (it exits 3 and says so); the same command resumes it from its
 #   checkpoint_last.pt for another MAX_HOURS (fairseq's --stop-time-hours counts the hours of earlier runs, so each
 #   call adds MAX_HOURS to those). Scoring uses the last checkpoint, with no selection on the held-out questions.
@@ -49,7 +51,7 @@ recipe_flag --prepare-only PREPARE_ONLY =1
 recipe_parse "$@"
 ((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (every setting is a flag; see --help)"
 recipe_env int SEED UPDATES WARMUP BATCH MAX_QUESTION MAX_CONTEXT_TRAIN MAX_CONTEXT_EVAL CLUSTERS KMEANS_INTERVAL \
-    MEMORY TRAIN_ARTICLES THREADS WINDOW STRIDE
+    MEMORY TRAIN_ARTICLES THREADS WINDOW STRIDE SAVE_INTERVAL
 recipe_env number MAX_HOURS
 # 0 updates: no checkpoint would ever exist to score
 [[ "${UPDATES:-1}" != 0 ]] || recipe_die "UPDATES=0: expected at least 1 update"
@@ -94,7 +96,10 @@ esac
 SEED="${SEED:-1}" UPDATES="${UPDATES:-3000}" LR="${LR:-5e-5}" BATCH="${BATCH:-16}" MAX_QUESTION="${MAX_QUESTION:-40}"
 WARMUP="${WARMUP:-$((UPDATES / 10))}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-12000}" CLUSTERS="${CLUSTERS:-64}"
 KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MEMORY="${MEMORY:-50000}" TRAIN_ARTICLES="${TRAIN_ARTICLES:-40}"
-THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}"
+THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}" SAVE_INTERVAL="${SAVE_INTERVAL:-100}"
+# fairseq also keeps a checkpoint_E_U.pt per save; one of them is enough beside checkpoint_last.pt
+SAVE_FLAGS=()
+((SAVE_INTERVAL == 0)) || SAVE_FLAGS=(--save-interval-updates "$SAVE_INTERVAL" --keep-interval-updates 1)
 run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 log() { if ((DRY)); then cat; else tee "$@"; fi; }
 # updates done and hours trained, from checkpoint_last.pt of run $1 (0 0 where there is none)
@@ -107,7 +112,9 @@ made_from() {
     [[ -f "$ENCODER/model.pt" ]] || return 0
     python "$here/encoder_source.py" made-from "$ENCODER" "$1" $( ((DRY)) && echo --dry-run) || exit 2
 }
-((DRY)) || mkdir -p "$OUT"
+# --out is this recipe's own folder (new, empty, or marked by an earlier call), in a dry run too: the run would refuse
+recipe_own_dir --out "$OUT"
+((DRY)) || recipe_claim_dir "$OUT"
 
 # 1. the source encoder: --hf, or the wheel's model directory
 if [[ -z "$HF" ]]; then
@@ -148,7 +155,7 @@ start=$SECONDS
     CLUSTERS="$CLUSTERS" KMEANS_INTERVAL="$KMEANS_INTERVAL" MEMORY="$MEMORY" SEED="$SEED" SAVE_DIR="$OUT/$NAME" \
     ATTENTION_DROPOUT="$ATTENTION_DROPOUT" bash "$here/train.sh" "$SQUAD/bin" --small "${PRECISION_FLAGS[@]}" \
     --long-range-layers "$LONG_RANGE_LAYERS" --long-range-mode "$LONG_RANGE_MODE" --disable-validation \
-    --stop-time-hours "$stop_hours" --log-interval 20 > >(log -a "$OUT/$NAME.train.log") 2>&1
+    --stop-time-hours "$stop_hours" --log-interval 20 "${SAVE_FLAGS[@]}" > >(log -a "$OUT/$NAME.train.log") 2>&1
 wait
 echo "| fine-tuning $NAME: $((SECONDS - start)) s"
 if ((!DRY)); then
