@@ -100,3 +100,19 @@ def test_an_intact_legacy_checkpoint_scores_with_the_warning(trained, lm_data, t
         "--batch-size", "4", "--num-workers", "0", "--gen-subset", "valid",
     )  # fmt: skip
     assert "its integrity cannot be checked" in out and "Perplexity" in out
+
+
+def test_finite_log_probabilities_whose_perplexity_overflows_are_not_printed_as_inf(trained, lm_data, tmp_path):
+    # a damaged weight that stays finite: the output embedding 10,000 times too large gives finite log-probabilities
+    # and a loss of thousands of bits a token, whose 2**loss fairseq computes in float32 (inf)
+    state = torch.load(trained, map_location="cpu", weights_only=False)
+    state["model"]["decoder.embed_tokens.weight"] *= 1e4
+    damaged = tmp_path / "legacy.pt"
+    torch.save(state, damaged, _use_new_zipfile_serialization=False)
+    code, out = run_cli(
+        "fairseq-eval-lm", lm_data, "--path", damaged, "--user-dir", PACKAGE, "--tokens-per-sample", "200",
+        "--batch-size", "4", "--num-workers", "0", "--gen-subset", "valid",
+    )  # fmt: skip
+    assert code != 0 and "Perplexity: inf" not in out, out[-3000:]
+    line = last_line(out)
+    assert f"--path {damaged}: the loss is " in line and "the perplexity 2**loss is inf" in line, line

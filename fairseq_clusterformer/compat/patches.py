@@ -24,7 +24,8 @@
    rewrite them; here every file is written right the first time.
 6. ``EMA.__init__`` (``--store-ema``): fairseq's model EMA averages every buffer, and fails on an integer one; the
    buffers that are set, not learned (the K-Means state, the dictionary hashes) are copied instead (``compat.ema``).
-And a distributed run's process group is destroyed at exit, which fairseq never does (``compat.process_group``).
+And a distributed run's process group is destroyed at exit, which fairseq never does (``compat.process_group``), and
+inside fairseq-eval-lm the loss and perplexity it prints are checked first (``compat.eval_lm_check``).
 Remote paths (``PathManager`` URIs) and ``--write-checkpoints-asynchronously`` keep fairseq's own code.
 """
 
@@ -43,6 +44,7 @@ from fairseq_clusterformer.checkpoints.integrity import verify_checkpoint
 from fairseq_clusterformer.checkpoints.run_files import is_last_checkpoint
 from fairseq_clusterformer.checkpoints.writes import atomic_copy, atomic_save
 from fairseq_clusterformer.compat.ema import install_ema_copies
+from fairseq_clusterformer.compat.eval_lm_check import install_eval_lm_check
 from fairseq_clusterformer.compat.process_group import end_process_group_at_exit
 
 logger = logging.getLogger(__name__)
@@ -168,4 +170,5 @@ def install_patches() -> None:
     if not getattr(PathManager.copy, "patched", False):
         PathManager.copy = staticmethod(copy_atomically(PathManager.copy))
     install_ema_copies()
+    install_eval_lm_check()
     end_process_group_at_exit()

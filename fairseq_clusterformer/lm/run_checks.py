@@ -8,17 +8,19 @@
   has no checksums) gives NaN/Inf log-probabilities, and fairseq-eval-lm would print "Perplexity: inf" and exit 0.
   A scoring pass (a ``sample`` given, the model in evaluation mode: fairseq-eval-lm, causal-eval, longrange) stops
   with an error naming the checkpoint on the command line. Generation and training never check (no ``sample`` is
-  given there), so neither waits for the device.
+  given there), so neither waits for the device. Finite log-probabilities can still add up to a loss whose
+  perplexity overflows: ``compat.eval_lm_check`` checks what fairseq-eval-lm prints.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 
 import torch
 from fairseq.utils import safe_getattr
 from torch import Tensor
+
+from fairseq_clusterformer.compat.eval_lm_check import checkpoint_on_command_line
 
 logger = logging.getLogger(__name__)
 
@@ -34,17 +36,6 @@ def warn_window_covers_sample(args) -> None:
         f"sample, so the long-range layers (--long-range-layer {kind}) see nothing the sliding windows do not; use a "
         "--window-size below --tokens-per-sample (or --long-range-layer none for a dense baseline)"
     )
-
-
-def checkpoint_on_command_line(argv: list[str] | None = None) -> str:
-    """``--path FILE`` as the command line gave it, for a message; "the checkpoint" where none was named."""
-    argv = sys.argv if argv is None else argv
-    for index, arg in enumerate(argv):
-        flag, _, value = arg.partition("=")
-        if flag == "--path":
-            value = value or (argv[index + 1] if index + 1 < len(argv) else "")
-            return f"--path {value}"
-    return "the checkpoint"
 
 
 def check_finite_scores(log_probs: Tensor) -> None:
