@@ -85,3 +85,14 @@ def test_a_deep_copy_of_a_banked_model_trains_and_leaves_the_originals_bank_alon
     layer(states, None)
     refresher.commit()
     assert len(refresher.banks[0]) == 40
+
+
+@pytest.mark.e2e
+def test_store_ema_added_on_resume_starts_the_ema_from_the_checkpoints_weights(lm_data, tmp_path):
+    common = [*TINY_LM_TRAIN, "--save-dir", tmp_path, "--memory-size", "1000", "--seed", "3", "--no-epoch-checkpoints"]
+    run_ok("fairseq-train", lm_data, *common, "--max-update", "2")
+    out = run_ok("fairseq-train", lm_data, *common, "--max-update", "4", "--store-ema", "--ema-decay", "0.9")
+    assert f"--store-ema: {tmp_path / 'checkpoint_last.pt'} was saved without an EMA" in out, out[-3000:]
+    state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["optimizer_history"][-1]["num_updates"] == 4
+    assert sorted(state["extra_state"]["ema"]) == sorted(state["model"])

@@ -15,15 +15,27 @@ The EMA model then always holds the live model's K-Means state and dictionary, w
 model, and fairseq's decoder takes a missing ``decoder.version`` for its oldest format and drops its final layer
 norm, so the EMA weights scored as nonsense (a loss of 28 bits where the model's was 9). The EMA model keeps its own
 version entries.
+
+``Trainer.load_checkpoint`` is wrapped too: resuming with ``--store-ema`` from a checkpoint saved without an EMA, the
+trainer means to start the EMA from the checkpoint's weights, but reads ``state["model"]`` after it has deleted it
+(``KeyError: 'model'``). While a ``--store-ema`` trainer loads, the loaded state gets its model weights as its EMA
+(``ema_from_weights_where_missing``, called by ``compat.patches``' load wrapper), with a warning naming the flag.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 from fairseq.models.ema import EMA
+from fairseq.trainer import Trainer
 from torch import nn
+
+logger = logging.getLogger(__name__)
+
+# set while a --store-ema trainer loads its checkpoint (the training loop loads one file at a time)
+_loading_for_ema = False
 
 
 def copied_keys(model: nn.Module) -> set[str]:
@@ -55,8 +67,36 @@ def keep_versions(restore):
     return restore_keeping_versions
 
 
+def ema_from_weights_where_missing(state, path: str) -> None:
+    """Inside a ``--store-ema`` trainer's load: a checkpoint without an EMA gets its model weights as the EMA (a
+    shallow copy: the trainer deletes ``state["model"]`` once loaded)."""
+    extra = state.get("extra_state") if _loading_for_ema and isinstance(state, dict) else None
+    if isinstance(extra, dict) and "ema" not in extra and "model" in state:
+        logger.warning(
+            f"--store-ema: {path} was saved without an EMA (trained without --store-ema); the EMA starts from its "
+            "model weights"
+        )
+        extra["ema"] = dict(state["model"])
+
+
+def mark_ema_loads(load_checkpoint):
+    @functools.wraps(load_checkpoint)
+    def load_checkpoint_for_ema(self, *args, **kwargs):
+        global _loading_for_ema
+        _loading_for_ema = bool(self.cfg.ema.store_ema)
+        try:
+            return load_checkpoint(self, *args, **kwargs)
+        finally:
+            _loading_for_ema = False
+
+    load_checkpoint_for_ema.patched = True
+    return load_checkpoint_for_ema
+
+
 def install_ema_copies() -> None:
-    """Wrap ``EMA.__init__`` and ``EMA.restore`` (idempotent)."""
+    """Wrap ``EMA.__init__``, ``EMA.restore`` and ``Trainer.load_checkpoint`` (idempotent)."""
+    if not getattr(Trainer.load_checkpoint, "patched", False):
+        Trainer.load_checkpoint = mark_ema_loads(Trainer.load_checkpoint)
     if not getattr(EMA.__init__, "patched", False):
         EMA.__init__ = copy_set_buffers(EMA.__init__)
     if not getattr(EMA.restore, "patched", False):

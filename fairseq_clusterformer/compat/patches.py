@@ -23,7 +23,8 @@
    (``task.post_save``, called by fairseq_cli.train once the copies exist) could only find the copies again and
    rewrite them; here every file is written right the first time.
 6. ``EMA.__init__`` (``--store-ema``): fairseq's model EMA averages every buffer, and fails on an integer one; the
-   buffers that are set, not learned (the K-Means state, the dictionary hashes) are copied instead (``compat.ema``).
+   buffers that are set, not learned (the K-Means state, the dictionary hashes) are copied instead (``compat.ema``,
+   which also lets ``--store-ema`` resume a checkpoint saved without an EMA: 2. hands it the weights as its EMA).
 And a distributed run's process group is destroyed at exit, which fairseq never does (``compat.process_group``), and
 inside fairseq-eval-lm the loss and perplexity it prints are checked first (``compat.eval_lm_check``).
 Remote paths (``PathManager`` URIs) and ``--write-checkpoints-asynchronously`` keep fairseq's own code.
@@ -43,7 +44,7 @@ from fairseq.file_io import PathManager
 from fairseq_clusterformer.checkpoints.integrity import verify_checkpoint
 from fairseq_clusterformer.checkpoints.run_files import is_last_checkpoint
 from fairseq_clusterformer.checkpoints.writes import atomic_copy, atomic_save
-from fairseq_clusterformer.compat.ema import install_ema_copies
+from fairseq_clusterformer.compat.ema import ema_from_weights_where_missing, install_ema_copies
 from fairseq_clusterformer.compat.eval_lm_check import install_eval_lm_check
 from fairseq_clusterformer.compat.process_group import end_process_group_at_exit
 
@@ -80,7 +81,9 @@ def verify_before_loading(load):
         local = PathManager.get_local_path(path)
         if os.path.isfile(local):  # a missing file gets fairseq's own error
             verify_checkpoint(local)
-        return load(path, *args, **kwargs)
+        state = load(path, *args, **kwargs)
+        ema_from_weights_where_missing(state, path)
+        return state
 
     load_checkpoint_to_cpu.patched = True
     return load_checkpoint_to_cpu
