@@ -116,3 +116,16 @@ def test_finite_log_probabilities_whose_perplexity_overflows_are_not_printed_as_
     assert code != 0 and "Perplexity: inf" not in out, out[-3000:]
     line = last_line(out)
     assert f"--path {damaged}: the loss is " in line and "the perplexity 2**loss is inf" in line, line
+
+
+@pytest.mark.parametrize("first, then", [(["--autocast-bf16"], []), ([], ["--autocast-bf16"])])
+def test_a_resume_in_another_precision_says_so(lm_data, tmp_path, first, then):
+    run_ok("fairseq-train", lm_data, *TINY_LM_TRAIN, *SHORT, "--save-dir", tmp_path, *first)
+    out = run_ok("fairseq-train", lm_data, *TINY_LM_TRAIN, *SHORT[2:], "--max-update", "4", "--save-dir", tmp_path,
+                 *then)  # fmt: skip
+    trained, goes_on = ("bfloat16 layers", "float32") if first else ("float32", "bfloat16 layers")
+    said = f"--restore-file {tmp_path / 'checkpoint_last.pt'} was trained in {trained}"
+    assert said in out and f"this run goes on in {goes_on}" in out, out[-3000:]
+    unchanged = run_ok("fairseq-train", lm_data, *TINY_LM_TRAIN, *SHORT[2:], "--max-update", "6", "--save-dir",
+                       tmp_path, *then)  # fmt: skip
+    assert "was trained in" not in unchanged  # the checkpoint now records the new precision

@@ -41,6 +41,19 @@ def _saved_model_cfg(index) -> dict:
     return model_cfg if isinstance(model_cfg, dict) else vars(model_cfg) if isinstance(model_cfg, Namespace) else {}
 
 
+def saved_task_setting(path: str, name: str):
+    """The value of task flag ``name`` (``autocast_bf16``) in the checkpoint's config, read from its index; None where
+    the file or its config cannot say (a legacy file, a config of another layout, a flag it predates)."""
+    if not zipfile.is_zipfile(path):
+        return None
+    try:
+        index = tensor_index(path)
+        task_cfg = index["cfg"]["task"] if index.get("cfg") is not None else index["args"]
+    except (pickle.UnpicklingError, KeyError, TypeError, AttributeError, ValueError):
+        return None
+    return task_cfg.get(name) if isinstance(task_cfg, dict) else getattr(task_cfg, name, None)
+
+
 def checkpoint_arch(state: dict) -> tuple[str | None, str | None]:
     """(--arch, --task) a loaded checkpoint ``state`` was trained with; fairseq < 0.10 checkpoints keep them in
     ``args``."""

@@ -10,7 +10,8 @@ the flag runs the model's layer stack under the same autocast (``set_bf16_layers
 --task clusterformer_lm --autocast-bf16``, and the QA scripts' own ``--autocast-bf16``; embeddings, the last layer
 norm, output projections, heads and losses stay float32. It works on a CPU too (``torch.autocast("cpu")`` takes
 bfloat16), but pays only where the processor multiplies bfloat16 natively: ``warn_if_bf16_is_slow`` measures both
-rates and says so where it does not.
+rates and says so where it does not. A resume whose flag differs from the checkpoint's (``warn_precision_change``)
+is said, naming the file and both precisions: the run goes on in the precision the command line asks for.
 
 No ``from __future__ import annotations`` here: fairseq reads the config field types at run time.
 """
@@ -23,6 +24,8 @@ from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer
 from torch import nn
 
+from fairseq_clusterformer.checkpoints.model_fit import saved_task_setting
+from fairseq_clusterformer.checkpoints.run_files import checkpoint_files_to_load
 from fairseq_clusterformer.ops.precision import matmul_rates
 
 logger = logging.getLogger(__name__)
@@ -73,6 +76,23 @@ def set_bf16_layers(model: nn.Module, enabled: bool = True) -> None:
         module.bf16_layers = enabled
 
 
+def _precision(autocast: bool) -> str:
+    return "bfloat16 layers (--autocast-bf16)" if autocast else "float32 (no --autocast-bf16)"
+
+
+def warn_precision_change(task_cfg, autocast: bool) -> None:
+    """Warn, naming the file and both precisions, when the checkpoint this run resumes from was trained with another
+    --autocast-bf16 than the command line's: the resumed run, and the checkpoints it writes, take the command line's."""
+    for flag, path in checkpoint_files_to_load(task_cfg):
+        saved = saved_task_setting(path, "autocast_bf16")
+        if saved is not None and bool(saved) != autocast:
+            logger.warning(
+                f"{flag} {path} was trained in {_precision(bool(saved))}; this run goes on in {_precision(autocast)}"
+                f", and so will the checkpoints it writes; {'leave out' if autocast else 'add'} --autocast-bf16 to "
+                "keep the checkpoint's precision"
+            )
+
+
 def default_device_type() -> str:
     """Where a model built now will most likely run: fairseq moves it to CUDA when there is one (``--cpu`` aside)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -93,6 +113,9 @@ class AutocastBF16Hooks:
     def build_model(self, cfg, from_checkpoint=False):
         """With the flag, the model's layers run in bfloat16 outside training too (validation, fairseq-eval-lm)."""
         model = super().build_model(cfg, from_checkpoint)
+        task_cfg = getattr(self, "cfg", None) or getattr(self, "args", None)
+        if not from_checkpoint and task_cfg is not None:  # a training run, maybe a resume
+            warn_precision_change(task_cfg, flag_of(self))
         if flag_of(self):
             warn_if_bf16_is_slow(default_device_type())
             set_bf16_layers(model)
