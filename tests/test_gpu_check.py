@@ -181,6 +181,10 @@ def test_a_spent_budget_skips_every_part_without_failing(tmp_path):
         assert record["status"] == "skipped" and record["headline"].startswith("skipped: budget"), part
         assert json.loads((out / f"{part}.json").read_text())["status"] == "skipped"
     assert "0 of 6 parts ok, 6 skipped" in proc.stdout
+    # without --device cpu a spent budget is not a dry run the user asked for: refused, naming the flag
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check", "--budget-minutes", "0", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and "--budget-minutes 0: every part would be skipped" in proc.stderr, proc.stderr
 
 
 def test_device_run_is_one_short_command_and_packs_its_results(tmp_path):

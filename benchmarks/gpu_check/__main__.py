@@ -88,6 +88,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.budget_minutes is not None and args.budget_minutes < 0:
         p.error(f"--budget-minutes {args.budget_minutes:g}: must be >= 0")
+    if args.budget_minutes == 0 and args.device != "cpu":  # every part skipped: only a named CPU dry run means it
+        p.error(
+            "--budget-minutes 0: every part would be skipped and nothing checked; give the minutes the run may use, "
+            "or --device cpu for a dry run that only writes the skipped parts' records"
+        )
     return args
 
 
