@@ -34,6 +34,7 @@ setup(
             "fairseq-clusterformer-qa-reach = fairseq_clusterformer.qa.scripts.reach:cli_main",
             "fairseq-clusterformer-train-spm = fairseq_clusterformer.qa.scripts.train_sentencepiece:cli_main",
             "fairseq-clusterformer-import-hf = fairseq_clusterformer.qa.scripts.import_hf:cli_main",
+            "fairseq-clusterformer-export-hf = fairseq_clusterformer.qa.scripts.export_hf:cli_main",
         ],
     },
     extras_require={
@@ -44,5 +45,7 @@ setup(
         # `faiss` package as faiss-cpu: after `pip install -e ".[gpu]"` run
         # `pip uninstall -y faiss-cpu && pip install --force-reinstall --no-deps faiss-gpu`.
         "gpu": ["faiss-gpu>=1.14.3"],
+        # fairseq-clusterformer-export-hf and loading its folders (docs/hf_export.md)
+        "hf": ["transformers>=5.0"],
     },
 )

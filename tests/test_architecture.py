@@ -21,10 +21,12 @@ ALLOWED = {
     "qa.formats": {"qa.data"},
     "qa.hf": set(),
     "qa": {"ops", "qa.ops", "qa.data", "layers", "refresh", "checkpoints", "compat"},
+    # the transformers side of an export: the QA model, its data and decoding, wrapped for transformers
+    "qa.hf_model": {"qa", "qa.ops", "qa.data", "qa.hf", "atomic_files"},
     # the LM scripts and what every console script shares: the QA scripts import it, so it knows nothing of QA
     "scripts": {"ops", "layers", "lm", "checkpoints", "compat", "__init__"},
-    "qa.scripts": {"ops", "qa.ops", "qa.data", "qa.formats", "qa.hf", "qa", "layers", "checkpoints", "atomic_files",
-                   "scripts", "__init__"},
+    "qa.scripts": {"ops", "qa.ops", "qa.data", "qa.formats", "qa.hf", "qa.hf_model", "qa", "layers", "checkpoints",
+                   "atomic_files", "scripts", "__init__"},
     "__init__": {"compat", "lm", "qa"},
 }  # fmt: skip
 
