@@ -79,7 +79,7 @@ Needs the `fairseq_clusterformer` package installed (its layers compute the forw
 ```python
 from transformers import pipeline
 
-qa = pipeline("question-answering", model="PATH", trust_remote_code=True, model_kwargs={{"local_files_only": True}})
+qa = pipeline("question-answering", model="PATH", trust_remote_code=True, local_files_only=True)
 qa(question="...", context=open("document.txt").read())  # {{'answer', 'start', 'end', 'score'}}
 ```
 
