@@ -92,6 +92,18 @@ def test_recipe_expresses_the_hybrid_and_one_layer_runs_at_reduced_settings(tmp_
         assert proc.returncode == 2 and message in proc.stderr
 
 
+def test_a_dry_run_refuses_the_long_range_layers_the_run_would(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 6}))
+    args = ("--hf", tmp_path, "--dry-run", "--out", tmp_path / "o")
+    for layers, message in [("7", "layer(s) [7] outside 1..6"), ("1", "may not include layer 1"),
+                            ("5,5", "names layer(s) [5] more than once")]:  # fmt: skip
+        proc = recipe(*args, KIND="cluster", LONG_RANGE_LAYERS=layers)
+        said = f"LONG_RANGE_LAYERS={layers} (KIND=cluster) for the encoder's 6 layers ({tmp_path / 'config.json'})"
+        assert proc.returncode == 2 and said in proc.stderr and message in proc.stderr, proc.stderr
+        assert not (tmp_path / "o").exists()
+    assert recipe(*args, KIND="cluster", LONG_RANGE_LAYERS="6").returncode == 0
+
+
 def test_recipe_takes_bfloat16_and_attention_dropout_and_names_the_run_after_them(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     args = ("--hf", tmp_path, "--dry-run", "--out", tmp_path / "o")

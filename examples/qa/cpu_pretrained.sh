@@ -19,7 +19,8 @@
 #   0.1; checkpoints, train.log,
 #   valid.pred.json, eval.log, summary.json). An --out imported from another model than --hf (other weights) is
 #   refused, and so is a data or run folder made from another encoder (each records its encoder_source.json).
-# --dry-run: print the commands instead of running them.
+# --dry-run: print the commands instead of running them, after the checks the run makes (LONG_RANGE_LAYERS against
+#   the encoder's layers included).
 # --prepare-only: stop after the import and the binarised data (benchmarks/qa_device/prepare.sh uses them).
 # Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
 #   paper's placement scaled to 6 layers; 6 alone: the paper's share of converted layers), LONG_RANGE_MODE (replace:
@@ -124,6 +125,8 @@ if [[ -z "$HF" ]]; then
     fi
     HF="$( ((DRY)) && echo '$MINILM_DIR' || python -c "$find_model")"
 fi
+# the layers the model would refuse, refused before anything is made, in a dry run too
+python "$here/encoder_source.py" check-layers "$HF" "$LONG_RANGE_LAYERS" "$KIND" || exit 2
 # 2. the import: model.pt + dict.txt for --roberta-path, and the tokenizer the data pipeline uses; one already in
 #    --out serves only the model it was imported from, whose data and runs sit beside it
 ENCODER="$OUT/encoder"

@@ -2,13 +2,17 @@
 
     python examples/qa/encoder_source.py check-hf ENCODER HF_DIR    # may ENCODER (an earlier import) serve --hf HF_DIR?
     python examples/qa/encoder_source.py made-from ENCODER FOLDER [--dry-run]
+    python examples/qa/encoder_source.py check-layers HF_DIR LONG_RANGE_LAYERS KIND  # would the run build them?
 
 The import (ENCODER/hf_import.json) records its source directory and the SHA-256 of its weights. ``check-hf`` accepts
 HF_DIR when its weights file has that SHA-256 (the same model, also when moved, e.g. in a rebuilt environment), and
 otherwise stops: the data and runs in --out were made from the other model. ``made-from`` does the same for a folder
 made from ENCODER (the tokenised SQuAD data, a fine-tuning run): FOLDER/encoder_source.json records the encoder it
 was made from; a folder recorded with another encoder is refused, one without a record (made before the recipe
-kept them) gets the current encoder's. Exit status 2 and a message naming the folders and both models on refusal.
+kept them) gets the current encoder's. ``check-layers`` applies the QA model's own checks of --long-range-layers
+to the encoder's layer count (HF_DIR/config.json; all-MiniLM-L6-v2's 6 in a dry run before its wheel is installed),
+so that a dry run refuses what the run would. Exit status 2 and a message naming the folders and both models, or the
+setting, on refusal.
 """
 
 from __future__ import annotations
@@ -85,11 +89,27 @@ def made_from(encoder: Path, folder: Path, dry_run: bool) -> None:
         record.write_text(json.dumps(identity, indent=1) + "\n", encoding="utf-8")
 
 
+def check_layers(hf_dir: Path, layers: str, kind: str) -> None:
+    from fairseq_clusterformer.layers.settings import parse_layer_list
+    from fairseq_clusterformer.qa.encoder import check_first_layer
+
+    config = hf_dir / "config.json"
+    # transformers' BERT and RoBERTa configs default to 12 layers
+    count = json.loads(config.read_text(encoding="utf-8")).get("num_hidden_layers", 12) if config.is_file() else 6
+    try:
+        check_first_layer(parse_layer_list(layers, count), kind)
+    except ValueError as err:
+        source = config if config.is_file() else "all-MiniLM-L6-v2"
+        refuse(f"LONG_RANGE_LAYERS={layers} (KIND={kind}) for the encoder's {count} layers ({source}): {err}")
+
+
 def main(argv: list[str]) -> None:
     if len(argv) == 3 and argv[0] == "check-hf":
         check_hf(Path(argv[1]), Path(argv[2]))
     elif len(argv) in (3, 4) and argv[0] == "made-from" and argv[3:] in ([], ["--dry-run"]):
         made_from(Path(argv[1]), Path(argv[2]), dry_run=len(argv) == 4)
+    elif len(argv) == 4 and argv[0] == "check-layers":
+        check_layers(Path(argv[1]), argv[2], argv[3])
     else:
         sys.exit(__doc__)
 

@@ -66,15 +66,19 @@ def qa_window_pass(
     return layer.run_windows(x, QAInputWindows(layout) if first else QAWindows(layout), padding_mask)
 
 
+def check_first_layer(layers: frozenset[int], kind: str) -> None:
+    if 1 in layers and kind != "none":
+        raise ValueError(
+            "--long-range-layers may not include layer 1: a long-range layer runs on the merged states of a "
+            "sliding-window layer below it (paper section 3.2)"
+        )
+
+
 class ClusterFormerQAEncoder(TransformerEncoder):
     """fairseq's TransformerEncoder (named ``sentence_encoder`` inside RoBERTa) with windowed layers."""
 
     def __init__(self, args, dictionary, embed_tokens, settings: LayerSettings, plan: LongRangePlan) -> None:
-        if 1 in plan.layers and plan.kind != "none":
-            raise ValueError(
-                "--long-range-layers may not include layer 1: a long-range layer runs on the merged states of a "
-                "sliding-window layer below it (paper section 3.2)"
-            )
+        check_first_layer(plan.layers, plan.kind)
         # let the base class build the embeddings but no layers, then put the windowed layers in their place
         base_args = copy.deepcopy(args)
         base_args.encoder_layers = 0
