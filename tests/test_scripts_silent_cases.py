@@ -103,3 +103,22 @@ def test_qa_device_prepare_refuses_an_encoder_too_shallow_for_the_device_runs(tm
     err = refused(command, tmp_path)
     assert f"--hf {hf}: an encoder of 2 layers; the device runs put their long-range layers at 5,6" in err
     assert "needs at least 6" in err
+
+
+def test_qa_device_prepare_names_a_tracked_file_missing_from_the_tree_before_it_removes_anything(tmp_path):
+    # a repository of the script, its helper and one tracked file deleted from the working tree, not committed
+    repo = tmp_path / "repo"
+    for name in ("benchmarks/qa_device/prepare.sh", "examples/recipe_args.sh"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text((REPO / name).read_text())
+    (repo / "notes.txt").write_text("tracked\n")
+    for git in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "t"]):
+        subprocess.run(["git", *git], cwd=repo, check=True)
+    (repo / "notes.txt").unlink()
+    out = repo / ".qa-device"
+    (out / "encoder").mkdir(parents=True)
+    (out / ".made-by-recipe").write_text("benchmarks/qa_device/prepare.sh\n")  # an earlier payload of the script
+    (out / "encoder" / "model.pt").write_text("the previous payload")
+    # refused: nothing under tmp_path changed, the previous payload kept
+    err = refused(["bash", repo / "benchmarks/qa_device/prepare.sh", "--no-bundle"], tmp_path)
+    assert "1 tracked file(s) missing from the working tree, which the device call carries: notes.txt" in err, err

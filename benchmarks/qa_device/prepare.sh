@@ -31,6 +31,17 @@ recipe_parse "$@"
 ((${#RECIPE_ARGS[@]} == 0)) || recipe_die "unexpected argument ${RECIPE_ARGS[0]} (every setting is a flag; see --help)"
 recipe_env int LIMIT_MIB
 LIMIT_MIB=${LIMIT_MIB:-60}
+# the tracked files' bytes (what the device call carries beside OUT), counted before anything is made or removed: a
+# tracked file missing from the working tree is named, where `xargs cat` had ended the script with status 123 and
+# no word after the previous payload was gone
+tracked=$(cd "$REPO" && git ls-files -z | python -c '
+import os, sys
+names = [name for name in sys.stdin.read().split("\0") if name]
+missing = [name for name in names if not os.path.exists(name)]
+if missing:
+    sys.exit(f"prepare.sh: {len(missing)} tracked file(s) missing from the working tree, which the device call "
+             f"carries: {chr(32).join(missing[:10])}; restore them (git checkout -- FILE) or commit their removal")
+print(sum(os.path.getsize(name) for name in names if os.path.isfile(name)))') || exit 2
 WORK=$(realpath -m "$WORK") OUT=$(realpath -m "$OUT")
 # every run of the device call puts its long-range layers at 5 and 6 (runs.py): an encoder with fewer layers would
 # make a payload whose every run fails on the GPU
@@ -74,7 +85,6 @@ if ((BUNDLE)); then
     WITH_NUMPY1=0 bash "$REPO/benchmarks/gpu_check/bundle.sh" "$OUT/bundle"
 fi
 
-tracked=$(cd "$REPO" && git ls-files -z | xargs -0 cat 2>/dev/null | wc -c)
 python - "$OUT" "$WORK" "$tracked" "$LIMIT_MIB" <<'EOF'
 import json, os, sys
 out, work, tracked, limit = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
