@@ -123,6 +123,8 @@ def test_the_exported_model_computes_the_fairseq_logits(hf_data, tmp_path, kind)
     print(f"{kind}: max |logit difference| {worst:.2e}")
     assert worst <= TOLERANCE, f"{kind}: exported logits differ from fairseq's by {worst}"
     assert float(expected["start"][0].std()) > 0.1  # logits that tell positions apart, not a flat row
+    hf_model.load_state_dict(hf_model.state_dict())
+    assert not hf_model.derived_ready  # a later load derives the cluster groups and LSH directions again
     if kind == "none":
         # the exported tokenizer's own pair encoding is the model's input (one paragraph: one <p>, at its start)
         tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(tmp_path / "export", local_files_only=True)

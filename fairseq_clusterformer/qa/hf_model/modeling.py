@@ -34,6 +34,12 @@ def placeholder_dictionary(size: int) -> Dictionary:
     return dictionary
 
 
+def _derive_again(model: ClusterFormerForQuestionAnswering, incompatible_keys) -> None:
+    """``load_state_dict`` post-hook (a module function: models pickle): derive the buffers again before the next
+    forward."""
+    model.derived_ready = False
+
+
 class ClusterFormerForQuestionAnswering(PreTrainedModel):
     config_class = ClusterFormerQAHFConfig
     base_model_prefix = "clusterformer"
@@ -56,6 +62,7 @@ class ClusterFormerForQuestionAnswering(PreTrainedModel):
         saved = self.clusterformer.state_dict(keep_vars=True)
         self.derived = {k: v.clone() for k, v in self.clusterformer.named_buffers() if k not in saved}
         self.derived_ready = False
+        self.register_load_state_dict_post_hook(_derive_again)  # new cluster shares: new groups
         self.post_init()
 
     @classmethod
