@@ -28,7 +28,7 @@ from fairseq_clusterformer.qa.hf_model.modeling import ClusterFormerForQuestionA
 from fairseq_clusterformer.qa.hub_loading import load_hub  # noqa: E402
 from tests.conftest import run_cli, run_ok  # noqa: E402
 from tests.data.qa_model.synthetic import write_records  # noqa: E402
-from tests.hf_sources import randomize  # noqa: E402
+from tests.hf_sources import make_roberta, randomize  # noqa: E402
 from tests.test_hf_tokenizer import make_hf_dir  # noqa: E402
 from tests.test_qa_model import parse  # noqa: E402
 
@@ -179,3 +179,40 @@ def test_a_tokenizer_that_cannot_export_is_refused_with_the_reason(checkpoint, h
 def test_an_older_transformers_is_named():
     with pytest.raises(ImportError, match=r"transformers 4.46.0 is installed; .* needs transformers >= 5.0.0"):
         check_transformers("4.46.0")
+
+
+def test_a_roberta_import_exports_with_its_byte_level_tokenizer(tmp_path):
+    """A byte-level BPE RoBERTa imported by the real console script, fine-tuned from (here: random weights over it):
+    the exported tokenizer's pair encoding is the model's input, the logits are fairseq's, and the pipeline, built
+    in this process, answers as the hub does (byte-level offsets, trimmed of their spaces)."""
+    from fairseq_clusterformer.qa.hf_model.pipeline import ClusterFormerQAPipeline
+
+    run_ok("fairseq-clusterformer-import-hf", make_roberta(tmp_path), tmp_path / "import")
+    write_records(tmp_path / "valid.jsonl", 6, 3, (2, 3))
+    run_ok("fairseq-clusterformer-qa-binarize", "--tokenizer", "hf", "--hf-dir", tmp_path / "import", "--train",
+           tmp_path / "valid.jsonl", "--valid", tmp_path / "valid.jsonl", "--destdir", tmp_path / "bin")  # fmt: skip
+    flags = ["--roberta-path", tmp_path / "import", "--max-question-tokens", "28", "--window-size", "32",
+             "--window-stride", "24", "--long-range-layer", "cluster", "--long-range-layers", "2"]  # fmt: skip
+    checkpoint = save_checkpoint(tmp_path / "bin", tmp_path / "checkpoint.pt", *flags)
+    export_hf(str(checkpoint), str(tmp_path / "export"))
+    hub = load_hub(str(checkpoint), cpu=True)
+    hf_model = ClusterFormerForQuestionAnswering.from_pretrained(tmp_path / "export", local_files_only=True).eval()
+    tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(tmp_path / "export", local_files_only=True)
+    records = [json.loads(line) for line in (tmp_path / "valid.jsonl").read_text().splitlines()]
+    question, context, input_ids, mask = pair_batch(hub, hf_model, records)
+    one = {**records[0], "paragraphs": records[0]["paragraphs"][:1]}
+    pair = tokenizer(one["question"], one["paragraphs"][0])["input_ids"]
+    assert pair == pair_batch(hub, hf_model, [one])[2][0].tolist()
+    with torch.no_grad():
+        expected = hub.model(question=question, context=context)["start"]
+        got = hf_model(input_ids=input_ids, attention_mask=mask).start_logits
+    first = question.ne(hub.task.dictionary.pad()).sum(dim=1) + 3
+    for row in range(len(records)):
+        n = int(context[row].ne(hub.task.dictionary.pad()).sum())
+        assert torch.allclose(got[row, first[row] : first[row] + n], expected[row, :n], atol=TOLERANCE, rtol=0)
+    qa = ClusterFormerQAPipeline(model=hf_model, tokenizer=tokenizer)
+    for r in records:
+        text = "\n\n".join(r["paragraphs"])
+        theirs = hub.answer(r["question"], text)[0]
+        ours = qa(question=r["question"], context=text)
+        assert (ours["answer"], ours["start"], ours["end"]) == (theirs.text, theirs.start, theirs.end)
