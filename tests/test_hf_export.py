@@ -131,6 +131,11 @@ def test_the_exported_model_computes_the_fairseq_logits(hf_data, tmp_path, kind)
         one = {**records[0], "paragraphs": records[0]["paragraphs"][:1]}
         _, _, ids, _ = pair_batch(hub, hf_model, [one])
         assert tokenizer(one["question"], one["paragraphs"][0])["input_ids"] == ids[0].tolist()
+        longest = int(mask.sum(dim=1).argmax())
+        with pytest.raises(ValueError, match=f"row {longest} of input_ids is not '<s> question </s></s> context"):
+            hf_model(input_ids=input_ids[:, :-1], attention_mask=mask[:, :-1])  # the longest row cut
+        with pytest.raises(NotImplementedError, match="training through transformers is not supported"):
+            hf_model(input_ids=input_ids, attention_mask=mask, start_positions=first, end_positions=first)
 
 
 @pytest.fixture(scope="module")

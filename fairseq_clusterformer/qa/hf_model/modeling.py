@@ -103,6 +103,7 @@ class ClusterFormerForQuestionAnswering(PreTrainedModel):
         last = (length - 1).clamp(min=0)
         well_formed = (
             ids[:, 0].eq(self.bos)
+            & (first_eos > 1)  # a question of at least one token
             & valid.long().cumprod(dim=1).sum(dim=1).eq(length)  # right-padded: no hole in the mask
             & (context_len > 0)
             & ids[rows, start.clamp(max=ids.size(1) - 1) - 1].eq(self.eos)
