@@ -250,6 +250,24 @@ def test_top_spans_equal_exhaustive_search_within_paragraphs(seed):
     assert int((scores[2] > float("-inf")).sum()) == 1
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_distinct_top_spans_share_no_token_and_are_the_greedy_choice(seed):
+    """overlapping=False (the hub's default): the best span, then the best that overlaps none taken, and so on."""
+    gen = torch.Generator().manual_seed(seed)
+    start, end = torch.randn(2, 12, generator=gen), torch.randn(2, 12, generator=gen)
+    valid = torch.rand(2, 12, generator=gen) > 0.2
+    starts, ends, scores = top_spans(start, end, valid, 4, 5, overlapping=False)
+    for b in range(2):
+        left = {(s, e): float(start[b, s] + end[b, e]) for s in range(12) for e in range(s, min(12, s + 4))
+                if valid[b, s] and valid[b, e]}  # fmt: skip
+        for x, s, e in zip(scores[b].tolist(), starts[b].tolist(), ends[b].tolist()):
+            if not left:
+                assert x == float("-inf")
+                continue
+            assert x == pytest.approx(max(left.values())) and left[(s, e)] == pytest.approx(x)
+            left = {(s2, e2): v for (s2, e2), v in left.items() if e2 < s or s2 > e}
+
+
 def test_best_span_of_a_row_without_valid_positions():
     starts, ends, scores = best_spans(torch.randn(1, 4), torch.randn(1, 4), torch.zeros(1, 4, dtype=torch.bool), 3)
     assert scores[0] == float("-inf") and starts[0] == ends[0] == 0

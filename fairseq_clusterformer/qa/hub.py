@@ -108,12 +108,20 @@ class ClusterFormerQAHubInterface(nn.Module):
             torch.from_numpy(ids), cut_context(torch.from_numpy(user.ids), item), chars, context, truncated_at
         )
 
-    def answer(self, question: str, context: str, top_k: int = 1, overflow: str = "refuse") -> list[Answer]:
-        """The ``top_k`` best answers to ``question`` in ``context``, best first."""
-        return self.answer_encoded([self.encode(question, context, overflow)], top_k)[0]
+    def answer(
+        self, question: str, context: str, top_k: int = 1, overflow: str = "refuse", overlapping: bool = False
+    ) -> list[Answer]:
+        """The ``top_k`` best answers to ``question`` in ``context``, best first; spans that share no token unless
+        ``overlapping`` (then the ``top_k`` best spans, which crowd around the best answer)."""
+        return self.answer_encoded([self.encode(question, context, overflow)], top_k, overlapping=overlapping)[0]
 
     def answer_batch(
-        self, items: Iterable[tuple[str, str]], top_k: int = 1, overflow: str = "refuse", batch_size: int = 8
+        self,
+        items: Iterable[tuple[str, str]],
+        top_k: int = 1,
+        overflow: str = "refuse",
+        batch_size: int = 8,
+        overlapping: bool = False,
     ) -> list[list[Answer]]:
         """The answers of every (question, context) pair (or {"question", "context"} object), in order;
         ValueError naming the first bad item."""
@@ -124,11 +132,11 @@ class ClusterFormerQAHubInterface(nn.Module):
                 encoded.append(self.encode(question, context, overflow))
             except ValueError as e:
                 raise ValueError(f"item {n}: {e}") from None
-        return self.answer_encoded(encoded, top_k, batch_size)
+        return self.answer_encoded(encoded, top_k, batch_size, overlapping)
 
     @torch.no_grad()
     def answer_encoded(
-        self, encoded: Sequence[EncodedQuestion], top_k: int = 1, batch_size: int = 8
+        self, encoded: Sequence[EncodedQuestion], top_k: int = 1, batch_size: int = 8, overlapping: bool = False
     ) -> list[list[Answer]]:
         """Answers of encoded questions, in order; batches of ``batch_size`` questions of similar length."""
         if top_k < 1 or batch_size < 1:
@@ -137,11 +145,11 @@ class ClusterFormerQAHubInterface(nn.Module):
         answers: list[list[Answer]] = [[] for _ in encoded]
         for first in range(0, len(order), batch_size):
             rows = order[first : first + batch_size]
-            for row, found in zip(rows, self._answer_batch([encoded[i] for i in rows], top_k)):
+            for row, found in zip(rows, self._answer_batch([encoded[i] for i in rows], top_k, overlapping)):
                 answers[row] = found
         return answers
 
-    def _answer_batch(self, batch: list[EncodedQuestion], top_k: int) -> list[list[Answer]]:
+    def _answer_batch(self, batch: list[EncodedQuestion], top_k: int, overlapping: bool) -> list[list[Answer]]:
         pad = self.task.dictionary.pad()
         question = data_utils.collate_tokens([e.question for e in batch], pad).to(self.device)  # B x Q
         context = data_utils.collate_tokens([e.context for e in batch], pad).to(self.device)  # B x N
@@ -152,7 +160,8 @@ class ClusterFormerQAHubInterface(nn.Module):
         else:
             valid = span_positions(context, pad, self.task.paragraph)  # B x N
             segments = paragraph_ids(context, self.task.paragraph)  # B x N
-            ranked = top_spans(logits["start"], logits["end"], valid, self.task.cfg.max_answer_tokens, top_k, segments)
+            longest = self.task.cfg.max_answer_tokens
+            ranked = top_spans(logits["start"], logits["end"], valid, longest, top_k, segments, overlapping)
             spans = [list(zip(*(x.tolist() for x in row))) for row in zip(*ranked)]
         return [
             [self._answer(e, start, end, score, p.answer_type) for start, end, score in row if score > float("-inf")]

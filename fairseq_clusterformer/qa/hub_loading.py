@@ -21,6 +21,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 from omegaconf import open_dict
 
 from fairseq_clusterformer.checkpoints.model_fit import checkpoint_arch
+from fairseq_clusterformer.compat.autocast_bf16 import set_bf16_layers, warn_if_bf16_is_slow
 from fairseq_clusterformer.layers.centroid_check import naming_checkpoint
 from fairseq_clusterformer.qa.data.binarized import CONFIG, load_config
 from fairseq_clusterformer.qa.data.tokenizers import PARAGRAPH_TOKEN, build_tokenizer, locate_tokenizer_files
@@ -88,18 +89,26 @@ def load_hub(
     checkpoint_file: str = "checkpoint_best.pt",
     data_name_or_path: str | None = None,
     cpu: bool = False,
+    autocast_bf16: bool = False,
     **overrides: Any,
 ) -> ClusterFormerQAHubInterface:
     """The hub interface of a clusterformer_qa checkpoint, in evaluation mode, on the GPU when there is one and
-    ``cpu`` is False. ``overrides``: ``max_context_eval`` (the longest context read, in tokens) and
-    ``max_answer_tokens`` (the longest answer) instead of the checkpoint's task settings."""
+    ``cpu`` is False; its layers in float32 whatever precision it was trained in, under bfloat16 autocast with
+    ``autocast_bf16`` (as qa-predict's --autocast-bf16). ``overrides``: ``max_context_eval`` (the longest context
+    read, in tokens) and ``max_answer_tokens`` (the longest answer) instead of the checkpoint's task settings."""
     unknown = sorted(set(overrides) - set(INFERENCE_OVERRIDES))
     if unknown:
         raise TypeError(f"from_pretrained: unknown setting(s) {', '.join(unknown)} (known: {INFERENCE_OVERRIDES})")
     path, model_dir = checkpoint_path(model_name_or_path, checkpoint_file)
     given = {key: value for key, value in overrides.items() if value is not None}
     # the trained weights replace any pretrained ones: the RoBERTa the training started from is not read
-    state = checkpoint_utils.load_checkpoint_to_cpu(path, {"roberta_path": None, **given})
+    device_type = "cuda" if torch.cuda.is_available() and not cpu else "cpu"
+    if autocast_bf16:
+        warn_if_bf16_is_slow(device_type)
+    # the task's build_model sets the layers' precision from the config: the caller's, not the training's
+    state = checkpoint_utils.load_checkpoint_to_cpu(
+        path, {"roberta_path": None, "autocast_bf16": autocast_bf16, **given}
+    )
     check_qa_checkpoint(state, path)
     cfg = state["cfg"]
     data_dir = data_folder(getattr(cfg.task, "data", None), model_dir, data_name_or_path)
@@ -115,7 +124,8 @@ def load_hub(
     if config.get("paragraph_token", PARAGRAPH_TOKEN) != PARAGRAPH_TOKEN:
         raise ValueError(f"{data_dir}/{CONFIG}: paragraph token {config['paragraph_token']!r}, not {PARAGRAPH_TOKEN}")
     tokenizer = build_tokenizer(locate_tokenizer_files(config, [data_dir, model_dir]), dictionary)
+    set_bf16_layers(models[0], autocast_bf16)  # also for a saved config that predates the flag
     hub = ClusterFormerQAHubInterface(cfg, task, models[0], tokenizer)
-    if torch.cuda.is_available() and not cpu:
+    if device_type == "cuda":
         hub.cuda()
     return hub.eval()

@@ -122,7 +122,8 @@ class ClusterFormerQAModel(RobertaModel):
     ):
         """fairseq's hub convention for a trained checkpoint: returns a ``qa/hub.py`` interface whose
         ``answer(question, context)`` gives answers with their character spans (``qa/hub_loading.py`` says where the
-        data folder and the tokeniser are found). ``max_context_eval`` / ``max_answer_tokens`` override the task's."""
+        data folder and the tokeniser are found). ``max_context_eval`` / ``max_answer_tokens`` override the task's;
+        the layers run in float32 unless ``autocast_bf16=True``."""
         from fairseq_clusterformer.qa.hub_loading import load_hub  # that module builds this class's checkpoints
 
         return load_hub(model_name_or_path, checkpoint_file, data_name_or_path, cpu, **kwargs)

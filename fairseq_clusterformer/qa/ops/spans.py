@@ -114,11 +114,20 @@ def best_spans(
 
 
 def top_spans(
-    start_logits: Tensor, end_logits: Tensor, valid: Tensor, max_length: int, k: int, segments: Tensor | None = None
+    start_logits: Tensor,
+    end_logits: Tensor,
+    valid: Tensor,
+    max_length: int,
+    k: int,
+    segments: Tensor | None = None,
+    overlapping: bool = True,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The ``k`` highest-scoring spans of every row under ``best_spans``' rules, best first: (starts B x k, ends
-    B x k, scores B x k); where a row has fewer than ``k`` spans the rest score -inf with start = end = 0."""
+    B x k, scores B x k); where a row has fewer than ``k`` spans the rest score -inf with start = end = 0. With
+    ``overlapping=False`` each span shares no token with a better one (``distinct_spans``)."""
     scores = span_band_scores(start_logits, end_logits, valid, max_length, segments)  # B x T x L
+    if not overlapping and k > 1:
+        return distinct_spans(scores, k)
     bsz, _, width = scores.shape
     flat = scores.reshape(bsz, -1)  # B x (T*L)
     if k == 1:
@@ -135,6 +144,28 @@ def top_spans(
         starts, ends = (torch.cat([x, x.new_zeros(bsz, pad)], dim=1) for x in (starts, ends))
         best = torch.cat([best, best.new_full((bsz, pad), float("-inf"))], dim=1)
     return starts, ends, best
+
+
+def distinct_spans(scores: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The ``k`` best spans of every row of ``span_band_scores`` (B x T x L) that share no token, chosen greedily:
+    the best span, then the best of those that do not overlap it, and so on. The best spans of a trained model crowd
+    around one answer ("52.9 million", "52.9 million people", "million"); a reader asking for alternatives wants
+    other places of the text. (starts B x k, ends B x k, scores B x k) as ``top_spans``."""
+    bsz, length, width = scores.shape
+    span_start = torch.arange(length, device=scores.device)[:, None]  # T x 1
+    span_end = span_start + torch.arange(width, device=scores.device)[None, :]  # T x L
+    starts, ends, best = [], [], []
+    for _ in range(k):
+        score, at = scores.reshape(bsz, -1).max(dim=-1)  # B
+        start, end = at // width, at // width + at % width  # B
+        found = torch.isfinite(score)
+        starts.append(torch.where(found, start, 0))
+        ends.append(torch.where(found, end, 0))
+        best.append(score)
+        # spans [s, s + j] with s <= end and s + j >= start overlap the one just taken
+        overlaps = (span_start[None] <= end[:, None, None]) & (span_end[None] >= start[:, None, None])  # B x T x L
+        scores = scores.masked_fill(overlaps, float("-inf"))
+    return torch.stack(starts, dim=1), torch.stack(ends, dim=1), torch.stack(best, dim=1)
 
 
 def candidate_log_softmax(logits: Tensor, positions: Tensor) -> Tensor:

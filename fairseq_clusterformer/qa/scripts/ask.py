@@ -4,10 +4,12 @@
     fairseq-clusterformer-qa-ask --path checkpoints/checkpoint_best.pt --jsonl questions.jsonl > answers.jsonl
 
 One question prints its answer, score and character span in the file (``-`` reads the context from standard
-input). ``--jsonl`` reads one {"question", "context"} object a line (an "id" is passed through) and writes one JSON
-line per input line as soon as its batch is answered: {"line", "answers": [{"text", "start", "end", "score", ...}]},
-or {"line", "error"} for a line that cannot be answered, which is also named on standard error (the status is then
-1). The checkpoint's data folder (dict.txt, qa_config.json) and tokeniser are found as
+input). ``--jsonl`` reads one {"question", "context"} object a line (an "id" is passed through; another field is an
+error of that line) and writes one JSON line per input line as soon as its batch is answered: {"line", "answers":
+[{"text", "start", "end", "score", ...}]}, or {"line", "error"} for a line that cannot be answered, which is also
+named on standard error (the status is then 1, as for a --jsonl that holds no question). ``--top-k`` answers share
+no token unless ``--overlapping-answers``; the layers run in float32 unless ``--autocast-bf16``, whatever precision
+the checkpoint was trained in. The checkpoint's data folder (dict.txt, qa_config.json) and tokeniser are found as
 ``ClusterFormerQAModel.from_pretrained`` finds them (``--data`` to name the folder). A context over the model's
 --max-context-eval is refused unless ``--context-overflow truncate``; a cut answer says where the reading stopped.
 """
@@ -28,6 +30,8 @@ from fairseq_clusterformer.scripts.cli_logging import run_cli
 
 logger = logging.getLogger("fairseq_clusterformer.qa_ask")
 
+LINE_FIELDS = ("question", "context", "id")  # what a --jsonl line may hold ("id" optional)
+
 
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fairseq-clusterformer-qa-ask", description=__doc__.split("\n")[0])
@@ -36,13 +40,17 @@ def get_parser() -> argparse.ArgumentParser:
     parser.add_argument("--question", help="the question (with --context)")
     parser.add_argument("--context", metavar="FILE", help="UTF-8 text file the answer is taken from; - = stdin")
     parser.add_argument("--jsonl", metavar="FILE", help='one {"question", "context"} object a line; - = stdin')
-    parser.add_argument("--top-k", type=int, default=1, help="answers per question, best first")
+    parser.add_argument("--top-k", type=int, default=1, help="answers per question, best first, sharing no token")
+    parser.add_argument("--overlapping-answers", action="store_true",
+                        help="--top-k: the best spans even where they overlap (around the best answer)")  # fmt: skip
     parser.add_argument("--context-overflow", choices=tuple(OVERFLOW), default="refuse",
                         help="a context over --max-context-eval: refuse it, or read its first tokens")  # fmt: skip
     parser.add_argument("--max-context-eval", type=int, help="longest context in tokens (default: the checkpoint's)")
     parser.add_argument("--max-answer-tokens", type=int, help="longest answer span (default: the checkpoint's)")
     parser.add_argument("--batch-size", type=int, default=8, help="--jsonl: questions per forward pass")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is there")
+    parser.add_argument("--autocast-bf16", action="store_true",
+                        help="layers under torch.autocast(bfloat16), as in qa-predict (default: float32)")  # fmt: skip
     return parser
 
 
@@ -81,7 +89,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def load(args: argparse.Namespace):
     try:
-        return load_hub(args.path, data_name_or_path=args.data, cpu=args.cpu,
+        return load_hub(args.path, data_name_or_path=args.data, cpu=args.cpu, autocast_bf16=args.autocast_bf16,
                         max_context_eval=args.max_context_eval, max_answer_tokens=args.max_answer_tokens)  # fmt: skip
     except NotAQACheckpoint as e:
         raise ValueError(f"--path {e}") from None
@@ -107,7 +115,7 @@ def ask_one(hub, args: argparse.Namespace) -> None:
     except ValueError as e:
         flag = "--question" if str(e).startswith("the question") else f"--context {source}"
         raise ValueError(f"{flag}: {e}") from None
-    answers = hub.answer_encoded([encoded], args.top_k)[0]
+    answers = hub.answer_encoded([encoded], args.top_k, overlapping=args.overlapping_answers)[0]
     for rank, answer in enumerate(answers):
         print("\n".join(describe(answer, rank, args.top_k, source)))
     if encoded.truncated_at is not None:
@@ -139,6 +147,11 @@ def jsonl_items(path: str, hub, overflow: str) -> Iterator[tuple[int, dict, Enco
             continue
         if "id" in obj:
             echo["id"] = obj["id"]
+        unknown = ", ".join(json.dumps(key) for key in sorted(set(obj) - set(LINE_FIELDS)))
+        if unknown:
+            known = ", ".join(map(json.dumps, LINE_FIELDS))
+            yield lineno, echo, f"unknown field(s) {unknown}: a line holds {known} (--top-k etc. are flags)"
+            continue
         try:
             yield lineno, echo, hub.encode(obj["question"], obj["context"], overflow)
         except ValueError as e:
@@ -157,7 +170,7 @@ def ask_many(hub, args: argparse.Namespace) -> int:
 
     def flush() -> None:
         good = [e for _, _, e in pending if isinstance(e, EncodedQuestion)]
-        answers = iter(hub.answer_encoded(good, args.top_k, args.batch_size))
+        answers = iter(hub.answer_encoded(good, args.top_k, args.batch_size, args.overlapping_answers))
         for lineno, echo, item in pending:
             if isinstance(item, EncodedQuestion):
                 out = {**echo, "answers": [a.to_json() for a in next(answers)]}
@@ -169,12 +182,16 @@ def ask_many(hub, args: argparse.Namespace) -> int:
         progress.update(len(pending))
         pending.clear()
 
+    lines = 0
     for entry in jsonl_items(args.jsonl, hub, args.context_overflow):
+        lines += 1
         pending.append(entry)
         if sum(isinstance(e, EncodedQuestion) for _, _, e in pending) >= args.batch_size:
             flush()
     flush()
     progress.close()
+    if lines == 0:
+        raise ValueError(f"--jsonl {source}: no question in it (empty, or blank lines only)")
     if failed:
         print(f"{source}: {len(failed)} line(s) could not be answered (first at line {failed[0]})", file=sys.stderr)
     return len(failed)
