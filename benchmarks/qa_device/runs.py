@@ -9,12 +9,16 @@ call's runs, whose settings, and so their committed results, stay as they were),
 (``--long-range-mode hybrid``: ``cluster-hybrid``, ``lsh-hybrid``, ``sparse-hybrid``), one Cluster-Former layer
 (``cluster-layer6``, ``cluster-layer5``), its control, one sparse layer (``sparse-layer6``: far keys at fixed
 positions, chosen without looking at their content), and one LSH layer (``lsh-layer6``: far keys by content, through
-random rotations instead of trained centroids). The second call's default is the new variants with ``none``
-beside them: its committed rows have the same settings, so they are reused, not run again.
+random rotations instead of trained centroids). The default plan is the one-layer series (``cluster-layer6``,
+``lsh-layer6``, ``sparse-layer6``, ``cluster-layer5``) with ``none`` beside them: the committed ``none`` rows have the
+same settings, so they are reused, not run again. Every Cluster-Former and LSH run is measured by qa-reach, and every
+new Cluster-Former run by benchmarks/qa_cluster_ablation.py (its clusters as trained, shuffled, and the identity
+order), both on the first REACH_QUESTIONS held-out questions, before the call's checkpoints are removed.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +38,13 @@ VARIANTS = {
     "lsh-layer6": ("lsh", "replace", "6"),
 }
 KINDS = tuple(VARIANTS)
-DEFAULT_KINDS = "none,cluster-hybrid,lsh-hybrid,sparse-hybrid,cluster-layer6"
-REACH_KINDS = ("cluster",)  # fairseq-clusterformer-qa-reach's mechanism statistic, for the Cluster-Former runs
-# qa-reach on the first N held-out questions (a fixed subset: the split's order), so that it fits beside the runs;
-# recorded in the new variants' settings (the first call's runs never reached qa-reach)
+DEFAULT_KINDS = "none,cluster-layer6,lsh-layer6,sparse-layer6,cluster-layer5"
+# fairseq-clusterformer-qa-reach's mechanism statistic: where the far keys of the content-grouped kinds lie
+REACH_KINDS = ("cluster", "lsh")
+# benchmarks/qa_cluster_ablation.py: do the trained clusters answer, or did the layer only help training?
+ABLATION_KINDS = ("cluster",)
+# qa-reach and the ablation on the first N held-out questions (a fixed subset: the split's order), so that they fit
+# beside the runs; recorded in the new variants' settings (the first call's runs never reached either)
 REACH_QUESTIONS = 300
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -74,8 +81,18 @@ class Run:
 
     @property
     def reach(self) -> bool:
-        """Whether qa-reach measures it: every Cluster-Former run."""
+        """Whether qa-reach measures it: every Cluster-Former and LSH run."""
         return self.kind in REACH_KINDS
+
+    @property
+    def ablation(self) -> bool:
+        """Whether benchmarks/qa_cluster_ablation.py scores it: the Cluster-Former runs after the first call's."""
+        return self.kind in ABLATION_KINDS and self.variant != self.kind
+
+    @property
+    def measured(self) -> bool:
+        """Whether anything runs beside its qa-predict (qa-reach, the ablation)."""
+        return self.reach or self.ablation
 
     def settings(self, tiny: bool) -> dict:
         """Everything that makes two runs of this name the same experiment (a finished run is reused only when its
@@ -86,6 +103,8 @@ class Run:
             out.update(variant=self.variant, long_range_mode=self.mode, long_range_layers=layers)
             if self.reach:  # the first call's cluster runs keep their settings: their summaries say what ran
                 out["reach_questions"] = REACH_QUESTIONS
+            if self.ablation:
+                out["ablation_questions"] = REACH_QUESTIONS
         if tiny:
             out.update(TINY, **TINY_CONTEXTS, tiny=True)
         return out
@@ -144,3 +163,32 @@ def reach_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]
                "--path", str(paths.checkpoint(run)), "--split", "valid", "--json", str(output),
                "--max-examples", str(run.settings(tiny).get("reach_questions", REACH_QUESTIONS))]  # fmt: skip
     return command + (["--cpu"] if tiny else [])
+
+
+def ablation_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]:
+    """benchmarks/qa_cluster_ablation.py on the same questions as qa-reach, in float32 as qa-predict scores."""
+    command = [sys.executable, str(REPO / "benchmarks" / "qa_cluster_ablation.py"), str(paths.data_bin(run)),
+               "--path", str(paths.checkpoint(run)), "--split", "valid", "--json", str(output),
+               "--max-examples", str(run.settings(tiny)["ablation_questions"])]  # fmt: skip
+    return command + (["--cpu"] if tiny else [])
+
+
+def measure_command(run: Run, paths: Paths, tiny: bool, folder: Path) -> list[str]:
+    """What runs beside the run's qa-predict: qa-reach, then the ablation, one after the other in one process
+    group (a stop ends both); each writes its JSON and its log into ``folder``."""
+    steps = []
+    if run.reach:
+        steps.append((reach_command(run, paths, tiny, folder / "reach.json"), folder / "reach.log"))
+    if run.ablation:
+        steps.append((ablation_command(run, paths, tiny, folder / "cluster_ablation.json"),
+                      folder / "cluster_ablation.log"))  # fmt: skip
+    # each step runs whatever the one before it did (a failed qa-reach still leaves the ablation its time); the
+    # stage's status says whether every JSON file was written
+    script = [f"{shlex.join(command)} > {shlex.quote(str(log))} 2>&1" for command, log in steps]
+    script += [" && ".join(f"test -s {shlex.quote(str(folder / name))}" for name in outputs(run))]
+    return ["bash", "-c", "; ".join(script)]
+
+
+def outputs(run: Run) -> list[str]:
+    """The JSON files the measuring stage leaves."""
+    return (["reach.json"] if run.reach else []) + (["cluster_ablation.json"] if run.ablation else [])
