@@ -7,10 +7,16 @@ which this package does not have), so everything is registered from this file. T
 docs/architecture.md.
 """
 
+import sys
+
 from fairseq_clusterformer.compat.patches import install_patches
 
 # before any dataset is batched or checkpoint loaded: see compat/patches.py for what each patch restores
 install_patches()
 
+from fairseq_clusterformer.compat.autocast_bf16 import explain_flag_outside_its_tasks  # noqa: E402
 from fairseq_clusterformer.lm import architectures, model, task  # noqa: E402, F401
 from fairseq_clusterformer.qa import criterion, model, task  # noqa: E402, F401, F811
+
+# before fairseq parses the command line that imported the package (its bare "unrecognized arguments" follows)
+explain_flag_outside_its_tasks(sys.argv)

@@ -7,6 +7,7 @@ import torch
 from fairseq.optim.amp_optimizer import AMPOptimizer
 
 from fairseq_clusterformer.qa.criterion import ClusterFormerQACriterion
+from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_cli
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import batch, build
 
@@ -67,3 +68,29 @@ def test_autocast_bf16_refuses_fairseqs_half_precision_optimizers(qa_data):
     amp = AMPOptimizer.__new__(AMPOptimizer)  # what fairseq builds for --amp; its state plays no part in the check
     with pytest.raises(ValueError, match="--autocast-bf16 .* --amp"):
         task.train_step(batch(task, "train", [0]), model, criterion, amp, update_num=0)
+
+
+def last_line(out: str) -> str:
+    return out.strip().splitlines()[-1]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("half, named", [("--fp16", "--fp16"), ("--bf16", "--bf16"),
+                                         ("--memory-efficient-bf16", "--memory-efficient-bf16")])  # fmt: skip
+def test_autocast_bf16_with_fairseqs_half_precision_is_refused_at_set_up_naming_both(lm_data, tmp_path, half, named):
+    code, out = run_cli("fairseq-train", lm_data, *TINY_LM_TRAIN, "--max-update", "1", "--save-dir", tmp_path,
+                        "--autocast-bf16", half)  # fmt: skip
+    assert code != 0 and "--autocast-bf16 with " in last_line(out) and named in last_line(out), out[-2000:]
+    assert "give one or the other" in last_line(out) and "CUDA" not in out and "xla" not in out
+    code, out = run_cli("fairseq-eval-lm", lm_data, "--user-dir", PACKAGE, "--task", "clusterformer_lm",
+                        "--path", tmp_path / "none.pt", "--autocast-bf16", half)  # fmt: skip
+    assert code != 0 and "--autocast-bf16 with " in last_line(out) and named in last_line(out), out[-2000:]
+
+
+@pytest.mark.e2e
+def test_autocast_bf16_outside_its_tasks_names_them(lm_data, tmp_path):
+    code, out = run_cli("fairseq-train", lm_data, "--user-dir", PACKAGE, "--arch", "clusterformer_lm_tiny",
+                        "--autocast-bf16", "--save-dir", tmp_path)  # fmt: skip
+    assert code != 0 and "unrecognized arguments: --autocast-bf16" in out
+    said = "fairseq-train: --autocast-bf16 is a flag of --task clusterformer_lm and --task clusterformer_qa; this "
+    assert said + "command line gives no --task (fairseq's default task)" in out, out[-2000:]

@@ -13,7 +13,7 @@ import os
 from fairseq.file_io import PathManager
 
 
-def _root_config(cfg):
+def root_config(cfg):
     """The whole fairseq config that a task's config node belongs to, or None (a task built by hand)."""
     node, parent = cfg, getattr(cfg, "_get_parent", lambda: None)()
     while parent is not None:
@@ -28,7 +28,7 @@ def _select(root, group: str, key: str):
 
 def save_dir_of(task_cfg) -> str | None:
     """fairseq-train's --save-dir for the run a task's config belongs to (None: a task built by hand)."""
-    root = _root_config(task_cfg)
+    root = root_config(task_cfg)
     save_dir = _select(root, "checkpoint", "save_dir") if root is not None else None
     return None if save_dir is None else str(save_dir)
 
@@ -61,7 +61,7 @@ def checkpoint_files_to_load(task_cfg) -> list[tuple[str, str]]:
     """(flag, path) of the checkpoints this command line will load: fairseq-eval-lm's --path, or fairseq-train's
     --restore-file (default: checkpoint_last.pt in --save-dir, when there is one). An explicitly named
     --restore-file that does not exist is an error (``check_restore_file``); the rest fairseq decides."""
-    root = _root_config(task_cfg)
+    root = root_config(task_cfg)
     if root is None:
         return []
     eval_paths = _select(root, "common_eval", "path")
@@ -83,7 +83,7 @@ def checkpoint_files_to_load(task_cfg) -> list[tuple[str, str]]:
 def finetune_file(task_cfg) -> str | None:
     """fairseq-train's --finetune-from-model when fairseq will load it: given, a file, and no checkpoint_last.pt in
     --save-dir (fairseq resumes from that one instead)."""
-    root = _root_config(task_cfg)
+    root = root_config(task_cfg)
     path = None if root is None else _select(root, "checkpoint", "finetune_from_model")
     if not path or not os.path.isfile(str(path)):
         return None

@@ -17,6 +17,7 @@ No ``from __future__ import annotations`` here: fairseq reads the config field t
 """
 
 import logging
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -25,12 +26,14 @@ from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optim
 from torch import nn
 
 from fairseq_clusterformer.checkpoints.model_fit import saved_task_setting
-from fairseq_clusterformer.checkpoints.run_files import checkpoint_files_to_load
+from fairseq_clusterformer.checkpoints.run_files import checkpoint_files_to_load, root_config
 from fairseq_clusterformer.ops.precision import matmul_rates
 
 logger = logging.getLogger(__name__)
 
 HALF_OPTIMIZERS = (FP16Optimizer, MemoryEfficientFP16Optimizer, AMPOptimizer)
+# fairseq's own half-precision flags (its ``common`` group), which --autocast-bf16 replaces
+HALF_FLAGS = ("fp16", "bf16", "memory_efficient_fp16", "memory_efficient_bf16", "amp")
 
 
 @dataclass
@@ -93,6 +96,39 @@ def warn_precision_change(task_cfg, autocast: bool) -> None:
             )
 
 
+def check_no_half_flags(task_cfg) -> None:
+    """Refuse, naming both flags, fairseq's half precision beside --autocast-bf16 when the task is set up: later,
+    fairseq's own set-up fails first on a CPU (--fp16's optimizer asks CUDA, --bf16 a TPU) and fairseq-eval-lm
+    --fp16 halves the model into a raw torch error."""
+    root = root_config(task_cfg)
+    common = getattr(root, "common", None) if root is not None else task_cfg  # a Namespace holds every flag
+    given = [f"--{name.replace('_', '-')}" for name in HALF_FLAGS if getattr(common, name, False)]
+    if given:
+        raise ValueError(
+            f"--autocast-bf16 with {', '.join(given)}: give one or the other (--autocast-bf16 keeps float32 weights "
+            "and autocasts to bfloat16 itself; fairseq's half-precision flags convert the model or its training)"
+        )
+
+
+def explain_flag_outside_its_tasks(argv: list[str]) -> None:
+    """A fairseq console script given --autocast-bf16 with a task that lacks it (fairseq-train's default task is
+    translation) ends on argparse's bare "unrecognized arguments: --autocast-bf16"; this says, just before, which
+    tasks have the flag. Called as --user-dir imports the package, before fairseq parses the command line."""
+    from fairseq.tasks import TASK_REGISTRY
+
+    script = argv[0].rsplit("/", 1)[-1] if argv else ""
+    if "--autocast-bf16" not in argv or not script.startswith("fairseq-") or script.startswith("fairseq-clusterformer"):
+        return
+    ours = sorted(name for name, task in TASK_REGISTRY.items() if issubclass(task, AutocastBF16Hooks))
+    given = [arg.partition("=")[2] or (argv[i + 1] if i + 1 < len(argv) else "") for i, arg in enumerate(argv)
+             if arg == "--task" or arg.startswith("--task=")]  # fmt: skip
+    if given and given[-1] in ours:
+        return
+    task = f"--task {given[-1]}" if given else "no --task (fairseq's default task)"
+    print(f"{script}: --autocast-bf16 is a flag of {' and '.join(f'--task {name}' for name in ours)}; this command "
+          f"line gives {task}", file=sys.stderr)  # fmt: skip
+
+
 def default_device_type() -> str:
     """Where a model built now will most likely run: fairseq moves it to CUDA when there is one (``--cpu`` aside)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,6 +145,11 @@ class AutocastBF16Hooks:
     """The task's ``train_step`` under ``--autocast-bf16``; mixed in directly before ``FairseqTask``, whose
     ``train_step`` it replaces then: fairseq's opens ``torch.cuda.amp.autocast(enabled=<--amp>)``, which would turn a
     surrounding bfloat16 region off again."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if flag_of(self):
+            check_no_half_flags(self.cfg if getattr(self, "cfg", None) is not None else self.args)
 
     def build_model(self, cfg, from_checkpoint=False):
         """With the flag, the model's layers run in bfloat16 outside training too (validation, fairseq-eval-lm)."""
