@@ -4,38 +4,25 @@ Hugging Face offline), AutoModelForQuestionAnswering and pipeline("question-answ
 the folder, and the pipeline's answer to each of the 40 held-out questions (whole multi-paragraph contexts) is
 qa-ask's: the same text, character span and score."""
 
+import importlib
 import json
-import subprocess
 import sys
 
 import pytest
 
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
-from tests.conftest import run_ok, subprocess_env
+from tests.conftest import REPO, run_ok, subprocess_env
 from tests.test_hf_export import binarize_hf
 from tests.test_qa_end_to_end import TRAIN
 
 pytestmark = pytest.mark.e2e
 
-FRESH_PROCESS = r'''
-import json, socket, sys
 
-def refuse(*args, **kwargs):
-    raise OSError("no network in this test")
-
-socket.socket.connect = socket.socket.connect_ex = refuse
-from transformers import AutoModelForQuestionAnswering, AutoTokenizer, pipeline
-
-folder, questions = sys.argv[1], sys.argv[2]
-model = AutoModelForQuestionAnswering.from_pretrained(folder, trust_remote_code=True, local_files_only=True)
-tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True, local_files_only=True)
-qa = pipeline("question-answering", model=folder, trust_remote_code=True, local_files_only=True)
-print(json.dumps({"model": type(model).__name__, "pipeline": type(qa).__name__,
-                  "model_max_length": tokenizer.model_max_length}))
-items = [json.loads(line) for line in open(questions, encoding="utf-8")]
-for answer in qa([{"question": i["question"], "context": i["context"]} for i in items]):
-    print(json.dumps(answer))
-'''
+def export_check():
+    benchmarks = str(REPO / "benchmarks")
+    if benchmarks not in sys.path:
+        sys.path.insert(0, benchmarks)
+    return importlib.import_module("hf_export_check")
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +47,12 @@ def test_the_pipeline_answers_held_out_questions_as_qa_ask_does(trained, tmp_pat
     hub = ClusterFormerQAModel.from_pretrained(str(trained / "ckpt"), "checkpoint_last.pt", cpu=True)
     items = [json.loads(line) for line in questions.read_text().splitlines()]
     expected = [answers[0].to_json() for answers in hub.answer_batch(items)]
-    script = tmp_path / "fresh.py"
-    script.write_text(FRESH_PROCESS)
     env = subprocess_env(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    proc = subprocess.run([sys.executable, str(script), str(trained / "export"), str(questions)], env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    head, *lines = proc.stdout.strip().splitlines()
-    loaded = json.loads(head)
+    # the fresh, offline process benchmarks/hf_export_check.py runs on a recipe-trained MiniLM export
+    loaded, got = export_check().pipeline_answers(trained / "export", questions, env)
     assert loaded["model"] == "ClusterFormerForQuestionAnswering" and loaded["pipeline"] == "ClusterFormerQAPipeline"
     config = json.loads((trained / "export" / "config.json").read_text())
     assert loaded["model_max_length"] == config["max_question_tokens"] + 3 + config["max_context_tokens"] + 1
-    got = [json.loads(line) for line in lines]
     assert len(got) == len(expected) == 40
     for n, (ours, theirs) in enumerate(zip(got, expected)):
         assert (ours["answer"], ours["start"], ours["end"]) == (theirs["text"], theirs["start"], theirs["end"]), n
