@@ -3,6 +3,7 @@ ones on request), the layers in float32 whatever precision the checkpoint was tr
 qa-predict), and --jsonl input that holds no question or a field no one reads is named, not passed over."""
 
 import json
+import shutil
 
 import pytest
 
@@ -68,3 +69,13 @@ def test_jsonl_without_questions_or_with_unread_fields_is_named(bf16_checkpoint,
     code, out, err = ask("--path", bf16_checkpoint, "--jsonl", path)
     assert code == 1 and json.loads(out) == {"line": 1, "error": json.loads(out)["error"]}
     assert f'{path}:1: unknown field(s) "top_k": a line holds "question", "context", "id"' in err, err
+
+
+def test_from_pretrained_takes_the_last_checkpoint_of_a_run_that_never_validated(bf16_checkpoint, tmp_path):
+    # the CPU recipes run with --disable-validation: their folders hold checkpoint_last.pt and no checkpoint_best.pt
+    neither = f"no checkpoint {tmp_path}/checkpoint_best.pt or {tmp_path}/checkpoint_last.pt"
+    with pytest.raises(FileNotFoundError, match=neither):
+        ClusterFormerQAModel.from_pretrained(str(tmp_path), cpu=True)
+    shutil.copy(bf16_checkpoint, tmp_path / "checkpoint_last.pt")
+    hub = ClusterFormerQAModel.from_pretrained(str(tmp_path), cpu=True)
+    assert hub.answer("what ?", "the secret word is amber .")

@@ -3,6 +3,7 @@ clusterformer_qa from it and score the held-out questions; run end to end on a t
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -167,6 +168,13 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     # the same command resumes it for MAX_HOURS more than it has trained
     proc = recipe(*args, timeout=600, MAX_HOURS="0.1", **env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # its last line: the command that asks the model just trained, which answers from the file given
+    asked = shlex.split(re.search(r"^\| ask it: (.+)$", proc.stdout, re.MULTILINE).group(1))
+    question = held_out["paragraphs"][0]["qas"][0]["question"]
+    (tmp_path / "FILE.txt").write_text(held_out["paragraphs"][0]["context"])
+    asked[asked.index("--question") + 1] = question
+    answer = subprocess.run(asked + ["--cpu"], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True)
+    assert answer.returncode == 0 and "answer: " in answer.stdout and "of FILE.txt" in answer.stdout, answer.stderr
     assert (out / "encoder" / "hf_import.json").is_file()
     assert (out / "squad_article" / "bin" / "valid.texts.jsonl").is_file()  # the hf tokenizer's original texts
     train_log = (out / "article_cluster_seed3.train.log").read_text()

@@ -16,9 +16,10 @@
 #   squad_CONTEXTS/ (records and binarised data, reused when there), CONTEXTS_VARIANT_seedSEED/ (VARIANT: KIND,
 #   then -hybrid for LONG_RANGE_MODE=hybrid, then -layerN-M for LONG_RANGE_LAYERS other than 5,6, as
 #   benchmarks/qa_device names them, then -bf16 for PRECISION=bf16 and -attdropP for ATTENTION_DROPOUT other than
-#   0.1; checkpoints, train.log,
-#   valid.pred.json, eval.log, summary.json). An --out imported from another model than --hf (other weights) is
-#   refused, and so is a data or run folder made from another encoder (each records its encoder_source.json).
+#   0.1, e.g. paragraph_none_seed1 or paragraph_none-bf16-attdrop0_seed1: checkpoint_last.pt (no checkpoint_best.pt:
+#   the run does not validate), valid.pred.json, eval.log, summary.json; its train log is RUN.train.log beside it).
+#   An --out imported from another model than --hf (other weights) is refused, and so is a data or run folder made
+#   from another encoder (each records its encoder_source.json). A finished run prints the command that asks it.
 # --dry-run: print the commands instead of running them, after the checks the run makes (LONG_RANGE_LAYERS against
 #   the encoder's layers included).
 # --prepare-only: stop after the import and the binarised data (benchmarks/qa_device/prepare.sh uses them).
@@ -28,7 +29,8 @@
 #   at 0; docs/qa.md), PRECISION (auto: bf16 where this CPU multiplies bfloat16 natively, examples/cpu_precision.py,
 #   else fp32 | fp32 | bf16: --autocast-bf16 in fine-tuning and scoring, matrix products in bfloat16;
 #   docs/cpu_speed.md), ATTENTION_DROPOUT (0 under bf16: the CPU's fused attention kernel, docs/cpu_speed.md; 0.1
-#   under fp32), SEED (1), UPDATES (3000), LR (5e-5), WARMUP (UPDATES/10), BATCH (16),
+#   under fp32), SEED (1), UPDATES (700), LR (1e-4: tuned with 700 updates; UPDATES without LR says so), WARMUP
+#   (UPDATES/10), BATCH (16),
 #   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
 #   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
 #   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours),
@@ -94,7 +96,10 @@ esac
 [[ "$ATTENTION_DROPOUT" =~ ^(0|0?\.[0-9]+)$ ]] ||
     { echo "$0: ATTENTION_DROPOUT=$ATTENTION_DROPOUT: expected a probability like 0.1 or 0" >&2; exit 2; }
 [[ "$ATTENTION_DROPOUT" == 0.1 ]] || VARIANT="$VARIANT-attdrop$ATTENTION_DROPOUT"
-SEED="${SEED:-1}" UPDATES="${UPDATES:-3000}" LR="${LR:-5e-5}" BATCH="${BATCH:-16}" MAX_QUESTION="${MAX_QUESTION:-40}"
+# the defaults are table a's first row (examples/qa/README.md); its learning rate was tuned for its 700 updates
+[[ -z "${UPDATES:-}" || -n "${LR:-}" ]] ||
+    echo "| UPDATES=$UPDATES without LR: LR=1e-4, the default, was tuned for 700 updates; set LR for another budget" >&2
+SEED="${SEED:-1}" UPDATES="${UPDATES:-700}" LR="${LR:-1e-4}" BATCH="${BATCH:-16}" MAX_QUESTION="${MAX_QUESTION:-40}"
 WARMUP="${WARMUP:-$((UPDATES / 10))}" MAX_CONTEXT_EVAL="${MAX_CONTEXT_EVAL:-12000}" CLUSTERS="${CLUSTERS:-64}"
 KMEANS_INTERVAL="${KMEANS_INTERVAL:-200}" MEMORY="${MEMORY:-50000}" TRAIN_ARTICLES="${TRAIN_ARTICLES:-40}"
 THREADS="${THREADS:-2}" MAX_HOURS="${MAX_HOURS:-2}" SAVE_INTERVAL="${SAVE_INTERVAL:-100}"
@@ -178,3 +183,6 @@ run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.qa.scripts.pr
 run python -m fairseq_clusterformer.qa.scripts.baselines --train "$SQUAD/jsonl/train.jsonl" \
     --eval "$SQUAD/jsonl/valid.jsonl" --seed 1 --predictions "$NAME=$OUT/$NAME/valid.pred.json" \
     --json "$OUT/$NAME/summary.json" | log "$OUT/$NAME/summary.log"
+# the checkpoint's data folder and tokeniser are found where this run left them (docs/usage.md#ask-a-qa-model)
+echo "| ask it: fairseq-clusterformer-qa-ask --path $(printf %q "$OUT/$NAME/checkpoint_last.pt") --question" \
+    "'Who founded it?' --context FILE.txt"

@@ -32,14 +32,23 @@ from fairseq_clusterformer.qa.task import ClusterFormerQATask
 INFERENCE_OVERRIDES = ("max_context_eval", "max_answer_tokens")
 
 
-def checkpoint_path(model_name_or_path: str, checkpoint_file: str) -> tuple[str, str]:
+# a run's checkpoint when none is named: the best, else the last (a run that does not validate, as the CPU recipes,
+# writes no checkpoint_best.pt)
+DEFAULT_CHECKPOINTS = ("checkpoint_best.pt", "checkpoint_last.pt")
+
+
+def checkpoint_path(model_name_or_path: str, checkpoint_file: str | None = None) -> tuple[str, str]:
     """(checkpoint file, its folder): ``model_name_or_path`` is the folder, or the checkpoint file itself."""
     if os.path.isfile(model_name_or_path):
         return model_name_or_path, os.path.dirname(os.path.abspath(model_name_or_path))
-    path = os.path.join(model_name_or_path, checkpoint_file)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no checkpoint {path} (model_name_or_path {model_name_or_path!r}, checkpoint_file)")
-    return path, os.path.abspath(model_name_or_path)
+    names = DEFAULT_CHECKPOINTS if checkpoint_file is None else (checkpoint_file,)
+    paths = [os.path.join(model_name_or_path, name) for name in names]
+    for path in paths:
+        if os.path.isfile(path):
+            return path, os.path.abspath(model_name_or_path)
+    raise FileNotFoundError(
+        f"no checkpoint {' or '.join(paths)} (model_name_or_path {model_name_or_path!r}, checkpoint_file)"
+    )
 
 
 class NotAQACheckpoint(ValueError):
@@ -86,7 +95,7 @@ def data_folder(recorded: str | None, model_dir: str, data_name_or_path: str | N
 
 def load_hub(
     model_name_or_path: str,
-    checkpoint_file: str = "checkpoint_best.pt",
+    checkpoint_file: str | None = None,
     data_name_or_path: str | None = None,
     cpu: bool = False,
     autocast_bf16: bool = False,

@@ -117,11 +117,10 @@ class ClusterFormerQAModel(RobertaModel):
         return {}
 
     @classmethod
-    def from_pretrained(
-        cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=None, cpu=False, **kwargs
-    ):
+    def from_pretrained(cls, model_name_or_path, checkpoint_file=None, data_name_or_path=None, cpu=False, **kwargs):
         """fairseq's hub convention for a trained checkpoint: returns a ``qa/hub.py`` interface whose
-        ``answer(question, context)`` gives answers with their character spans (``qa/hub_loading.py`` says where the
+        ``answer(question, context)`` gives answers with their character spans; without ``checkpoint_file`` the
+        folder's checkpoint_best.pt, else its checkpoint_last.pt (``qa/hub_loading.py`` also says where the
         data folder and the tokeniser are found). ``max_context_eval`` / ``max_answer_tokens`` override the task's;
         the layers run in float32 unless ``autocast_bf16=True``."""
         from fairseq_clusterformer.qa.hub_loading import load_hub  # that module builds this class's checkpoints
