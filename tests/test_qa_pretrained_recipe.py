@@ -168,6 +168,8 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     # the same command resumes it for MAX_HOURS more than it has trained
     proc = recipe(*args, timeout=600, MAX_HOURS="0.1", **env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # the terminal shows the fine-tuning's progress, fairseq's log stays in the run's file
+    assert "| update 6 of 6 (100 %)" in proc.stdout and "| INFO |" not in proc.stdout, proc.stdout[-3000:]
     # its last line: the command that asks the model just trained, which answers from the file given
     asked = shlex.split(re.search(r"^\| ask it: (.+)$", proc.stdout, re.MULTILINE).group(1))
     question = held_out["paragraphs"][0]["qas"][0]["question"]

@@ -108,6 +108,8 @@ SAVE_FLAGS=()
 ((SAVE_INTERVAL == 0)) || SAVE_FLAGS=(--save-interval-updates "$SAVE_INTERVAL" --keep-interval-updates 1)
 run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 log() { if ((DRY)); then cat; else tee "$@"; fi; }
+# fairseq's whole log into the run's file; on the terminal its progress, time left, warnings and errors
+train_log() { if ((DRY)); then cat; else python "$here/train_progress.py" "$1" "$UPDATES"; fi; }
 # updates done and hours trained, from checkpoint_last.pt of run $1 (0 0 where there is none)
 progress() {
     python "$here/../checkpoint_progress.py" "$OUT/$1/checkpoint_last.pt" ||
@@ -149,7 +151,7 @@ if [[ ! -f "$SQUAD/bin/valid.meta.jsonl" ]]; then
 fi
 ((PREPARE_ONLY)) && exit 0
 # 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path); the train log
-#    is appended to, so that a resumed run's log keeps its first part
+#    is appended to, so that a resumed run's log keeps its first part, and the terminal shows how far it got
 NAME="${CONTEXTS}_${VARIANT}_seed$SEED"
 made_from "$OUT/$NAME"
 done_before="$(progress "$NAME")"
@@ -163,7 +165,7 @@ start=$SECONDS
     CLUSTERS="$CLUSTERS" KMEANS_INTERVAL="$KMEANS_INTERVAL" MEMORY="$MEMORY" SEED="$SEED" SAVE_DIR="$OUT/$NAME" \
     ATTENTION_DROPOUT="$ATTENTION_DROPOUT" bash "$here/train.sh" "$SQUAD/bin" --small "${PRECISION_FLAGS[@]}" \
     --long-range-layers "$LONG_RANGE_LAYERS" --long-range-mode "$LONG_RANGE_MODE" --disable-validation \
-    --stop-time-hours "$stop_hours" --log-interval 20 "${SAVE_FLAGS[@]}" > >(log -a "$OUT/$NAME.train.log") 2>&1
+    --stop-time-hours "$stop_hours" --log-interval 20 "${SAVE_FLAGS[@]}" > >(train_log "$OUT/$NAME.train.log") 2>&1
 wait
 echo "| fine-tuning $NAME: $((SECONDS - start)) s"
 if ((!DRY)); then
