@@ -22,6 +22,7 @@ from pathlib import Path
 
 from bench_common import cpu_model
 
+from fairseq_clusterformer.qa.data.records import SkipLog, read_records
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 
 # what a user's fresh process runs: the folder, loaded as the docs show, with no network to fall back on
@@ -80,9 +81,9 @@ def main(args: argparse.Namespace) -> dict:
         raise SystemExit(f"{args.export}: no config.json (not an export of fairseq-clusterformer-export-hf)")
     if not args.checkpoint.is_file():
         raise SystemExit(f"--checkpoint {args.checkpoint}: no such file")
-    with open(args.records, encoding="utf-8") as f:
-        records = [json.loads(line) for line, _ in zip(f, range(args.questions))]
-    items = [{"question": r["question"], "context": "\n\n".join(r["paragraphs"])} for r in records]
+    # the reader fills in the paragraphs a record shares with the first record of its context_id
+    records = [record for (_, record), _ in zip(read_records(str(args.records), SkipLog()), range(args.questions))]
+    items = [{"question": r.question, "context": "\n\n".join(r.paragraphs)} for r in records]
     with tempfile.TemporaryDirectory() as work:
         questions = Path(work) / "questions.jsonl"
         questions.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
@@ -97,7 +98,7 @@ def main(args: argparse.Namespace) -> dict:
     report = {"export": str(args.export), "checkpoint": str(args.checkpoint), "questions": len(items),
               "loaded": loaded, "same_answers": sum(same),
               "max_score_difference": max(abs(o["score"] - t["score"]) for o, t in zip(ours, theirs)),
-              "right": sum(o["answer"] in r["answers"] for o, r in zip(ours, records)),
+              "right": sum(o["answer"] in r.answers for o, r in zip(ours, records)),
               "seconds": {"pipeline": round(pipeline_s, 1), "qa_ask": round(hub_s, 1)}, "cpu": cpu_model()}  # fmt: skip
     print(f"| {loaded['model']} / {loaded['pipeline']}: {report['same_answers']} of {len(items)} answers equal "
           f"qa-ask's (text and span), largest score difference {report['max_score_difference']:.2e}; "

@@ -6,6 +6,7 @@ tokenised by a WordPiece tokeniser laid out as a Hugging Face import (``test_hf_
 """
 
 import json
+import re
 import shutil
 
 import pytest
@@ -169,6 +170,23 @@ def test_an_out_dir_holding_other_files_is_never_written_over(checkpoint, tmp_pa
     export_hf(str(checkpoint), str(tmp_path / "export"))
     export_hf(str(checkpoint), str(tmp_path / "export"))  # an earlier export's files are its to replace
     assert not [p for p in (tmp_path / "export").iterdir() if p.name.startswith(".")]  # no temporary left
+
+
+def test_the_model_card_gives_the_recipes_held_out_scores_where_it_scored_the_checkpoint(checkpoint, tmp_path):
+    run = tmp_path / "article_cluster_seed1"  # a cpu_pretrained.sh run folder, its scoring's summary beside
+    run.mkdir()
+    shutil.copy(checkpoint, run / "checkpoint_last.pt")
+    export_hf(str(run / "checkpoint_last.pt"), str(tmp_path / "unscored"))
+    card = (tmp_path / "unscored" / "README.md").read_text()
+    assert "records no validation score" in card and "Scored by its recipe" not in card
+    assert re.search(r"learning rate [0-9.e-]+; exported", card), card  # a number, not a list
+    row = {"exact_match": 26.9365, "f1": 37.2211, "questions": 1589, "answered": 1589}
+    (run / "summary.json").write_text(json.dumps({run.name: row, "random_span": {"exact_match": 0.2}}))
+    export_hf(str(run / "checkpoint_last.pt"), str(tmp_path / "scored"))
+    card = (tmp_path / "scored" / "README.md").read_text()
+    assert "Scored by its recipe on 1589 held-out questions: **EM 26.94, F1 37.22**" in card
+    origin = json.loads((tmp_path / "scored" / "config.json").read_text())["exported_from"]
+    assert origin["recipe_scores"]["f1"] == 37.22
 
 
 def test_a_tokenizer_that_cannot_export_is_refused_with_the_reason(checkpoint, hf_data, tmp_path):

@@ -3,6 +3,9 @@ the checkpoint records it, and how to load it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from fairseq_clusterformer.qa.hf_model.configuration import ClusterFormerQAHFConfig
 
 
@@ -22,6 +25,18 @@ def training_record(state: dict) -> dict:
         "metric_at_save": _number(extra.get("val_loss")),
         "metric_best": _number(extra.get("best")),
     }
+
+
+def recipe_scores(checkpoint: str) -> dict | None:
+    """EM / F1 of this checkpoint on its held-out questions, where examples/qa/cpu_pretrained.sh scored it: the run
+    folder's summary.json (``{run: {"exact_match", "f1", "questions", ...}}``), written after its last update."""
+    summary = Path(checkpoint).parent / "summary.json"
+    try:
+        row = json.loads(summary.read_text(encoding="utf-8"))[Path(checkpoint).parent.name]
+        return {"exact_match": round(float(row["exact_match"]), 2), "f1": round(float(row["f1"]), 2),
+                "questions": int(row["questions"]), "file": str(summary)}  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _number(value) -> float | None:
@@ -51,6 +66,13 @@ def model_card(config: ClusterFormerQAHFConfig) -> str:
         )
     else:
         score = "The checkpoint records no validation score (saved without validation)."
+    lr = ", ".join(map(str, record.get("lr") or [])) or "unknown"
+    scored = record.get("recipe_scores")
+    if scored:
+        score += (
+            f" Scored by its recipe on {scored['questions']} held-out questions: **EM {scored['exact_match']}, F1 "
+            f"{scored['f1']}** (`{scored['file']}`)."
+        )
     return f"""---
 library_name: transformers
 pipeline_tag: question-answering
@@ -67,7 +89,7 @@ of up to {config.max_context_tokens} tokens in one pass and gives start / end lo
 ## Training
 
 `fairseq-train --arch {record.get('arch')}`, {record.get('updates')} updates (of --max-update
-{record.get('max_update')}), learning rate {record.get('lr')}; exported from `{record.get('checkpoint')}` (sha256
+{record.get('max_update')}), learning rate {lr}; exported from `{record.get('checkpoint')}` (sha256
 `{record.get('sha256')}`) by `fairseq-clusterformer-export-hf`.
 
 {score}

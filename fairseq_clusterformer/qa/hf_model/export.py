@@ -28,7 +28,7 @@ from tokenizers import Tokenizer, processors
 from fairseq_clusterformer.atomic_files import atomic_group
 from fairseq_clusterformer.qa.data.binarized import load_config
 from fairseq_clusterformer.qa.hf.weights import sha256
-from fairseq_clusterformer.qa.hf_model.card import model_card, training_record
+from fairseq_clusterformer.qa.hf_model.card import model_card, recipe_scores, training_record
 from fairseq_clusterformer.qa.hf_model.configuration import INFERENCE_ARGS, NAMED_ARGS, ClusterFormerQAHFConfig
 from fairseq_clusterformer.qa.hf_model.modeling import ClusterFormerForQuestionAnswering
 from fairseq_clusterformer.qa.hub_loading import check_qa_checkpoint, checkpoint_path, data_folder, load_hub
@@ -199,7 +199,8 @@ def export_hf(checkpoint: str, out: str, data: str | None = None) -> ClusterForm
     check_tokenizer(load_config(data_dir), data_dir)
     hub = load_hub(path, data_name_or_path=data_dir, cpu=True)
     paragraph_id = hub.tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)
-    origin = {"checkpoint": os.path.abspath(path), "sha256": sha256(path), "data": data_dir, **training_record(state)}
+    origin = {"checkpoint": os.path.abspath(path), "sha256": sha256(path), "data": data_dir, **training_record(state),
+              "recipe_scores": recipe_scores(path)}  # fmt: skip
     config = build_config(hub, paragraph_id + 1, paragraph_id, origin)
     model = ClusterFormerForQuestionAnswering(config)
     model.clusterformer.load_state_dict(hub.model.state_dict(), strict=True)
