@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 from tests.conftest import run_ok
@@ -79,3 +80,12 @@ def test_from_pretrained_takes_the_last_checkpoint_of_a_run_that_never_validated
     shutil.copy(bf16_checkpoint, tmp_path / "checkpoint_last.pt")
     hub = ClusterFormerQAModel.from_pretrained(str(tmp_path), cpu=True)
     assert hub.answer("what ?", "the secret word is amber .")
+
+
+def test_a_checkpoint_trained_with_fp16_is_scored_in_bfloat16_when_asked(bf16_checkpoint, tmp_path):
+    # --fp16 in the checkpoint's config was its training's flag, not this command line's: no conflict to refuse
+    state = torch.load(bf16_checkpoint, map_location="cpu", weights_only=False)
+    state["cfg"]["common"]["fp16"] = True
+    torch.save(state, tmp_path / "checkpoint_last.pt")
+    hub = ClusterFormerQAModel.from_pretrained(str(tmp_path), cpu=True, autocast_bf16=True)
+    assert layer_precision(hub) == {True}

@@ -96,13 +96,15 @@ def warn_precision_change(task_cfg, autocast: bool) -> None:
             )
 
 
-def check_no_half_flags(task_cfg) -> None:
-    """Refuse, naming both flags, fairseq's half precision beside --autocast-bf16 when the task is set up: later,
-    fairseq's own set-up fails first on a CPU (--fp16's optimizer asks CUDA, --bf16 a TPU) and fairseq-eval-lm
-    --fp16 halves the model into a raw torch error."""
+def check_no_half_flags(task_cfg, argv: list[str]) -> None:
+    """Refuse, naming both flags, fairseq's half precision beside --autocast-bf16 on the command line ``argv`` when
+    the task is set up: later, fairseq's own set-up fails first on a CPU (--fp16's optimizer asks CUDA, --bf16 a
+    TPU) and fairseq-eval-lm --fp16 halves the model into a raw torch error. Only flags of this command line count:
+    a checkpoint trained with --fp16 may still be scored with a script's --autocast-bf16."""
     root = root_config(task_cfg)
     common = getattr(root, "common", None) if root is not None else task_cfg  # a Namespace holds every flag
-    given = [f"--{name.replace('_', '-')}" for name in HALF_FLAGS if getattr(common, name, False)]
+    flags = {name: f"--{name.replace('_', '-')}" for name in HALF_FLAGS}
+    given = [flag for name, flag in flags.items() if getattr(common, name, False) and flag in argv]
     if given:
         raise ValueError(
             f"--autocast-bf16 with {', '.join(given)}: give one or the other (--autocast-bf16 keeps float32 weights "
@@ -149,7 +151,7 @@ class AutocastBF16Hooks:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if flag_of(self):
-            check_no_half_flags(self.cfg if getattr(self, "cfg", None) is not None else self.args)
+            check_no_half_flags(self.cfg if getattr(self, "cfg", None) is not None else self.args, sys.argv)
 
     def build_model(self, cfg, from_checkpoint=False):
         """With the flag, the model's layers run in bfloat16 outside training too (validation, fairseq-eval-lm)."""
