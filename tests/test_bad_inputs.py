@@ -12,6 +12,7 @@ from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
 from fairseq_clusterformer.refresh.refresher import RefreshSettings
 from fairseq_clusterformer.refresh.task_hooks import refresh_settings
 from tests.conftest import PACKAGE, SLICE, TINY_LM_TRAIN, run_cli, run_ok
+from tests.test_model import build
 
 
 def test_truncated_or_foreign_checkpoint_files_are_named(tmp_path):
@@ -148,3 +149,14 @@ def test_checkpoint_trained_with_another_dictionary(checkpoint, tmp_path):
     last = out.strip().splitlines()[-1]
     assert f"--restore-file {checkpoint} was trained with another dictionary than {other}/dict.txt" in last
     assert "Cannot load model parameters" not in out
+
+
+# transformer_lm flags the windowed layers do not implement are refused
+@pytest.mark.parametrize(
+    "flag",
+    ["--scale-attn", "--scale-fc", "--scale-heads", "--scale-resids", "--decoder-xformers-att-config"],
+)
+def test_normformer_and_xformers_flags_are_refused_by_name(lm_data, flag):
+    value = ['{"name": "scaled_dot_product"}'] if flag == "--decoder-xformers-att-config" else []
+    with pytest.raises(ValueError, match=f"{flag} is not supported by the clusterformer_lm model"):
+        build(lm_data, flag, *value)

@@ -7,7 +7,7 @@ and FFN are the layer's own modules, so both backends share every parameter and 
 What FlexAttention cannot do here: attention dropout (it has no dropout on the attention weights: a training layer
 with ``--attention-dropout`` > 0 refuses the backend) and a backward pass on the CPU (torch's CPU FlexAttention is
 inference only: there the backend runs under ``torch.no_grad()`` only). The QA encoder's question + context window
-layers (``ops.qa_windows``) keep the eager attention; its long-range layers take the backend.
+layers (``qa.ops.windows``) keep the eager attention; its long-range layers take the backend.
 
 B = batch, T = tokens, C = channels, r = window copies (``ops.flex_windows``), n = head sets.
 """

@@ -3,7 +3,7 @@
 B = batch, T = tokens, K = windows, l = window size, m = stride, Lq / Lk = queries / keys per window.
 
 ``Windowing`` is what a windowed layer asks of a scheme; two schemes here serve every layer of the language model
-(the QA model's own, ``ops.qa_windows``, have the same interface):
+(the QA model's own, ``qa.ops.windows``, have the same interface):
 - ``overlap`` (the paper): windows [k*m, k*m + l) serve as queries and keys; a token that sits in
   several windows gets the mean of its outputs (Lq = Lk = l).
 - ``band`` (strict causality): query block [k*m, (k+1)*m) attends to keys [k*m - (l-1), (k+1)*m);

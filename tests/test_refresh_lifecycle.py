@@ -1,4 +1,6 @@
-"""Small correctness fixes found in review, each with the test that shows it."""
+"""The K-Means refresh's life around training: a job still running when training ends is joined and its error
+reported (also under --no-save), the memory banks travel in checkpoint_last.pt only, the initial centroids come from
+rank 0, and a model without Cluster-Former layers starts no job."""
 
 import inspect
 import subprocess
@@ -13,75 +15,13 @@ from fairseq import checkpoint_utils
 from fairseq.file_io import PathManager
 
 from fairseq_clusterformer.compat.patches import open_save
-from fairseq_clusterformer.layers.baselines import LSHLayer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
 from fairseq_clusterformer.layers.settings import LayerSettings
-from fairseq_clusterformer.ops.clustering import assign_clusters
-from fairseq_clusterformer.ops.lsh import lsh_buckets, random_rotations
 from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
 from fairseq_clusterformer.refresh.task_hooks import CentroidRefreshHooks
 from tests.conftest import PACKAGE, REPO, TINY_LM_TRAIN, run_ok
-from tests.test_model import build
 
-# ---- a. group assignment stays float32 under autocast and model.half() -----------------------------------------------
-
-
-def near_tie_inputs():
-    gen = torch.Generator().manual_seed(0)
-    states = torch.randn(4, 1024, 64, generator=gen)  # B x T x C: 4,096 tokens
-    centroids = torch.randn(64, 64, generator=gen)  # P x C
-    return states, centroids, random_rotations(64, 64, gen)
-
-
-def test_cluster_and_lsh_ids_under_bf16_autocast_equal_the_float32_ids():
-    states, centroids, rotations = near_tie_inputs()
-    clusters, buckets = assign_clusters(states, centroids), lsh_buckets(states, rotations)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert torch.equal(assign_clusters(states, centroids), clusters)
-        assert torch.equal(lsh_buckets(states, rotations), buckets)
-        # the inputs are sensitive: the same products in autocast's precision put tokens elsewhere
-        rounded = torch.matmul(torch.nn.functional.normalize(states), torch.nn.functional.normalize(centroids).t())
-        assert rounded.dtype == torch.bfloat16 and (rounded.argmax(-1) != clusters).sum() > 10
-
-
-def test_model_half_keeps_centroids_shares_and_hash_directions_float32_bit_for_bit(lm_data):
-    _, model = build(lm_data)
-    layers = [m for m in model.modules() if isinstance(m, ClusterFormerLayer)]
-    assert layers
-    for layer in layers:
-        # values with mantissa bits that half precision cannot hold
-        layer.set_centroids(torch.nn.functional.normalize(torch.randn_like(layer.centroids), dim=-1) / 3)
-    before = [(layer.centroids.clone(), layer.shares.clone()) for layer in layers]
-    assert not torch.equal(before[0][0].half().float(), before[0][0])
-    model.half()
-    assert next(model.parameters()).dtype == torch.float16  # the rest of the model did convert
-    for layer, (centroids, shares) in zip(layers, before):
-        assert layer.centroids.dtype == layer.shares.dtype == torch.float32
-        assert torch.equal(layer.centroids, centroids) and torch.equal(layer.shares, shares)
-    model.to(torch.bfloat16)
-    assert torch.equal(layers[0].centroids, before[0][0])
-
-    _, lsh_model = build(lm_data, "--long-range-layer", "lsh")
-    lsh = next(m for m in lsh_model.modules() if isinstance(m, LSHLayer))
-    rotations = lsh.eval_rotations.clone()
-    lsh_model.half()
-    assert lsh.eval_rotations.dtype == torch.float32 and torch.equal(lsh.eval_rotations, rotations)
-
-
-# ---- b. transformer_lm flags the windowed layers do not implement are refused ----------------------------------------
-
-
-@pytest.mark.parametrize(
-    "flag",
-    ["--scale-attn", "--scale-fc", "--scale-heads", "--scale-resids", "--decoder-xformers-att-config"],
-)
-def test_normformer_and_xformers_flags_are_refused_by_name(lm_data, flag):
-    value = ['{"name": "scaled_dot_product"}'] if flag == "--decoder-xformers-att-config" else []
-    with pytest.raises(ValueError, match=f"{flag} is not supported by the clusterformer_lm model"):
-        build(lm_data, flag, *value)
-
-
-# ---- c. a K-Means job still running when training ends is joined and its error reported ------------------------------
+# ---- a K-Means job still running when training ends is joined and its error reported ------------------------------
 
 # a process that starts a background refresh (installing 5 updates later) and ends right after it, as training would
 ENDS_WITH_A_JOB_IN_FLIGHT = """
@@ -146,7 +86,7 @@ def test_fairseq_train_with_no_save_joins_the_last_job(lm_data, tmp_path):
     assert not list(tmp_path.glob("**/*.pt"))
 
 
-# ---- f. the memory banks travel in checkpoint_last.pt only -----------------------------------------------------------
+# ---- the memory banks travel in checkpoint_last.pt only -----------------------------------------------------------
 
 
 def fake_state(rows):
@@ -235,7 +175,7 @@ def test_fairseq_train_keeps_the_banks_in_checkpoint_last_only(lm_data, tmp_path
     assert "Perplexity:" in out
 
 
-# ---- d. initial centroids come from rank 0 ---------------------------------------------------------------------------
+# ---- initial centroids come from rank 0 ---------------------------------------------------------------------------
 
 
 def initial_centroids_worker(rank, init_file, results):
