@@ -132,8 +132,6 @@ if [[ -z "$HF" ]]; then
     fi
     HF="$( ((DRY)) && echo '$MINILM_DIR' || python -c "$find_model")"
 fi
-# the layers the model would refuse, refused before anything is made, in a dry run too
-python "$here/encoder_source.py" check-layers "$HF" "$LONG_RANGE_LAYERS" "$KIND" || exit 2
 # 2. the import: model.pt + dict.txt for --roberta-path, and the tokenizer the data pipeline uses; one already in
 #    --out serves only the model it was imported from, whose data and runs sit beside it
 ENCODER="$OUT/encoder"
@@ -150,6 +148,8 @@ if [[ ! -f "$SQUAD/bin/valid.meta.jsonl" ]]; then
         --split-dev "$TRAIN_ARTICLES" --contexts "$CONTEXTS" --hf-dir "$ENCODER" --out "$SQUAD"
 fi
 ((PREPARE_ONLY)) && exit 0
+# the long-range layers the model would refuse, refused before fine-tuning starts, in a dry run too
+python "$here/encoder_source.py" check-layers "$HF" "$LONG_RANGE_LAYERS" "$KIND" || exit 2
 # 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path); the train log
 #    is appended to, so that a resumed run's log keeps its first part, and the terminal shows how far it got
 NAME="${CONTEXTS}_${VARIANT}_seed$SEED"
