@@ -3,7 +3,8 @@
 runs, committed one at a time over several sessions, give table b's rows and paired intervals.
 
     python benchmarks/qa_cpu_collect.py data-bin/qa/reduced/article_cluster-hybrid-bf16-attdrop0_seed1 \
-        --results benchmarks/results/qa_pretrained/cpu_reduced [--reach reach.json] [--train-seconds 2130]
+        --results benchmarks/results/qa_pretrained/cpu_reduced [--reach reach.json] [--ablation cluster_ablation.json] \
+        [--train-seconds 2130]
 
 It reads what the recipe left: RUN/summary.json (EM / F1 and the span baselines), RUN/valid.pred.json, RUN/eval.log,
 and RUN.train.log beside RUN (the `+ fairseq-train ...` command line that train.sh echoes, and fairseq's progress
@@ -12,7 +13,8 @@ RESULTS/CONTEXTS_VARIANT_seedSEED/ (VARIANT: the kind, -hybrid, -layerN as bench
 precision and attention dropout, the same for every row of one results folder, are settings, not part of the name):
 summary.json (settings, EM / F1, the CPU's model name, seconds: the scoring's from qa-predict's own
 '| scoring:' line where eval.log has it), valid.pred.json, eval.log, command.txt,
-train_inner.log (the progress lines and the K-Means refreshes'), and reach.json when given. An existing run folder
+train_inner.log (the progress lines and the K-Means refreshes'), and reach.json and cluster_ablation.json
+(benchmarks/qa_cluster_ablation.py) when given. An existing run folder
 there is refused: results are not overwritten.
 """
 
@@ -105,6 +107,7 @@ def collect(
     train_seconds: float | None,
     predict_cpu: float | None = None,
     predict_wall: float | None = None,
+    ablation: Path | None = None,
 ) -> Path:
     train_log = run.parent / f"{run.name}.train.log"
     for path in (run / "summary.json", run / "valid.pred.json", run / "eval.log", train_log):
@@ -143,6 +146,7 @@ def collect(
             "predict_cpu": predict_cpu,
         },
         "reach": reach is not None,
+        **({"cluster_ablation": True} if ablation is not None else {}),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     shutil.copyfile(run / "valid.pred.json", out / "valid.pred.json")
@@ -151,6 +155,8 @@ def collect(
     (out / "train_inner.log").write_text("\n".join(progress) + "\n", encoding="utf-8")
     if reach is not None:
         shutil.copyfile(reach, out / "reach.json")
+    if ablation is not None:
+        shutil.copyfile(ablation, out / "cluster_ablation.json")
     return out
 
 
@@ -159,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run", type=Path, help="the recipe's run folder, OUT/CONTEXTS_..._seedSEED")
     parser.add_argument("--results", type=Path, required=True, help="where the run's folder goes")
     parser.add_argument("--reach", type=Path, help="fairseq-clusterformer-qa-reach --json of this run's checkpoint")
+    parser.add_argument("--ablation", type=Path, help="benchmarks/qa_cluster_ablation.py --json of this checkpoint")
     parser.add_argument("--train-seconds", type=float, help="the recipe's '| fine-tuning RUN: N s'")
     parser.add_argument("--predict-cpu-seconds", type=float, help="the scoring process's CPU seconds, where measured")
     parser.add_argument(
@@ -168,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         "follow the training at once (a stopped scoring run again)",
     )
     args = parser.parse_args(argv)
-    if args.reach is not None and not args.reach.is_file():
-        fail(f"--reach {args.reach} not found")
+    for flag, path in (("--reach", args.reach), ("--ablation", args.ablation)):
+        if path is not None and not path.is_file():
+            fail(f"{flag} {path} not found")
     seconds = (args.train_seconds, args.predict_cpu_seconds, args.predict_wall_seconds)
-    print(collect(args.run, args.results, args.reach, *seconds))
+    print(collect(args.run, args.results, args.reach, *seconds, ablation=args.ablation))
     return 0
 
 

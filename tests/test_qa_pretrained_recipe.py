@@ -192,8 +192,11 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     # the run, collected as a results folder (settings parsed from the command that ran), gives table b's row
     results = tmp_path / "results"
     collect = [sys.executable, REPO / "benchmarks" / "qa_cpu_collect.py", run, "--results", results]
-    proc = subprocess.run([*collect, "--train-seconds", "12"], capture_output=True, text=True, cwd=REPO)
+    (tmp_path / "ablation.json").write_text('{"questions": 3}')
+    proc = subprocess.run([*collect, "--train-seconds", "12", "--ablation", tmp_path / "ablation.json"],
+                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert (results / "article_cluster_seed3" / "cluster_ablation.json").read_text() == '{"questions": 3}'
     collected = json.loads((results / "article_cluster_seed3" / "summary.json").read_text())
     assert collected["exact_match"] == row["exact_match"] and collected["f1"] == row["f1"]
     # the scoring's seconds are qa-predict's own, not the gap between file writes
