@@ -7,14 +7,12 @@ which this package does not have), so everything is registered from this file. T
 docs/architecture.md.
 """
 
-import logging
 import sys
 
-# fairseq's text-to-speech task, imported with every task, says "Please install tensorboardX" whenever that package is
-# missing, though --tensorboard-logdir works without it (through torch.utils.tensorboard): a line on every command
-# that no user can act on. Dropped before fairseq is first imported here (a fairseq console script has imported it
-# already, and said it).
-logging.getLogger("fairseq.tasks.text_to_speech").addFilter(lambda record: "tensorboardX" not in record.getMessage())
+from fairseq_clusterformer.compat.quiet import quiet_unactionable_output
+
+# before fairseq is first imported here: see compat/quiet.py for what is kept off the terminal
+quiet_unactionable_output()
 
 from fairseq_clusterformer.compat.patches import install_patches  # noqa: E402
 

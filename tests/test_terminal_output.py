@@ -1,11 +1,12 @@
 """What the terminal shows a user: during the QA recipe's fine-tuning (examples/qa/train_progress.py) the updates done
 with the time left, the warnings and errors as they are, every line of fairseq's output kept in the run's log; and no
-line a user cannot act on from the package's own console scripts (fairseq's "Please install tensorboardX")."""
+line a user cannot act on (fairseq's "Please install tensorboardX" in the package's own scripts, hydra's deprecation
+warnings, faiss's loader lines)."""
 
 import subprocess
 import sys
 
-from tests.conftest import REPO, subprocess_env
+from tests.conftest import REPO, TINY_LM_TRAIN, run_ok, subprocess_env
 
 SCRIPT = REPO / "examples" / "qa" / "train_progress.py"
 OUTPUT = """\
@@ -41,3 +42,11 @@ def test_the_packages_console_scripts_do_not_ask_for_tensorboardx():
                           env=subprocess_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 0 and "--jsonl" in proc.stdout
     assert "tensorboardX" not in proc.stderr, proc.stderr
+
+
+def test_fairseq_train_shows_no_hydra_warnings_and_faiss_no_loader_lines(lm_data, tmp_path):
+    out = run_ok("fairseq-train", lm_data, *TINY_LM_TRAIN, "--max-update", "1", "--no-save", "--save-dir", tmp_path)
+    assert "hydra" not in out and "ConfigStore" not in out, out[:3000]
+    proc = subprocess.run([sys.executable, "-c", "import fairseq_clusterformer, faiss"], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and "faiss.loader" not in proc.stderr, proc.stderr
