@@ -239,3 +239,8 @@ def test_a_roberta_import_exports_with_its_byte_level_tokenizer(tmp_path):
         theirs = hub.answer(r["question"], text)[0]
         ours = qa(question=r["question"], context=text)
         assert (ours["answer"], ours["start"], ours["end"]) == (theirs.text, theirs.start, theirs.end)
+        # top_k > 1: qa-ask's distinct spans by default, its overlapping ones when asked
+        for overlapping in (False, True):
+            theirs = hub.answer(r["question"], text, top_k=3, overlapping=overlapping)
+            ours = qa(question=r["question"], context=text, top_k=3, overlapping=overlapping)
+            assert [(a["answer"], a["start"], a["end"]) for a in ours] == [(a.text, a.start, a.end) for a in theirs]

@@ -48,14 +48,15 @@ class ClusterFormerQAPipeline(Pipeline):
 
     def __call__(self, inputs=None, question=None, context=None, **kwargs):
         """``pipe(question=..., context=...)``, ``pipe({"question", "context"})`` or a list of such dicts (a list of
-        answers back). Returns {"answer", "start", "end", "score"} (a list of ``top_k`` of them when ``top_k`` > 1)."""
+        answers back). Returns {"answer", "start", "end", "score"} (a list of ``top_k`` of them when ``top_k`` > 1,
+        sharing no token with a better one, as qa-ask's; ``overlapping=True``: the ``top_k`` best spans as they are)."""
         if inputs is None:
             inputs = {"question": question, "context": context}
         elif question is not None or context is not None:
             raise TypeError("give question= and context=, or a {'question', 'context'} dict (or a list of them)")
         return super().__call__(inputs, **kwargs)
 
-    def _sanitize_parameters(self, top_k=None, max_answer_len=None, **others):
+    def _sanitize_parameters(self, top_k=None, max_answer_len=None, overlapping=None, **others):
         # the rest are transformers' loading arguments (local_files_only, ...), which pipeline() passes on
         chunking = sorted(set(others) & CHUNKING)
         if chunking:
@@ -68,6 +69,8 @@ class ClusterFormerQAPipeline(Pipeline):
             post["top_k"] = int(top_k)
         if max_answer_len is not None:
             post["max_answer_len"] = int(max_answer_len)
+        if overlapping is not None:
+            post["overlapping"] = bool(overlapping)
         return {}, {}, post
 
     def preprocess(self, item) -> dict:
@@ -101,7 +104,7 @@ class ClusterFormerQAPipeline(Pipeline):
             **{key: inputs[key] for key in ("context_ids", "chars", "text")},
         }
 
-    def postprocess(self, outputs: dict, top_k: int = 1, max_answer_len: int | None = None):
+    def postprocess(self, outputs: dict, top_k: int = 1, max_answer_len: int | None = None, overlapping: bool = False):
         config = self.model.config
         longest = max_answer_len or config.max_answer_tokens
         context = torch.from_numpy(outputs["context_ids"])[None]  # 1 x N
@@ -112,7 +115,8 @@ class ClusterFormerQAPipeline(Pipeline):
             spans = [(best.start, best.end, best.span_score)]
         else:
             valid = span_positions(context, pad, paragraph)  # 1 x N
-            ranked = top_spans(logits["start"], logits["end"], valid, longest, top_k, paragraph_ids(context, paragraph))
+            segments = paragraph_ids(context, paragraph)  # 1 x N
+            ranked = top_spans(logits["start"], logits["end"], valid, longest, top_k, segments, overlapping)
             spans = list(zip(*(x[0].tolist() for x in ranked)))
         answers = []
         for start, end, score in spans:
