@@ -46,21 +46,18 @@ QUADRATIC = {"full"}
 
 
 def available_kinds() -> list[str]:
-    """The kinds measured by default: fairseq's full attention, the sliding window, the Cluster-Former layer in both
-    causality modes and every other long-range choice of ``layers.settings`` in strict mode (``--kinds lsh-paper``
-    and the like add the rest); with ``--window-merge`` support, the sliding window and the paper-mode Cluster-Former
-    again with attention-only merging (suffix ``:attention``; strict mode's band windows do not overlap, so it has
-    nothing to merge)."""
-    from fairseq_clusterformer.layers import settings
+    """The kinds measured by default: fairseq's full attention, the sliding window, the kinds with K-Means clusters
+    (Cluster-Former) in both causality modes and every other kind of ``layers.kinds`` in strict mode (``--kinds
+    lsh-paper`` and the like add the rest); with ``--window-merge`` support, the sliding window and the paper-mode
+    Cluster-Former again with attention-only merging (suffix ``:attention``; strict mode's band windows do not
+    overlap, so it has nothing to merge)."""
+    from fairseq_clusterformer.layers.kinds import KINDS, LongRangePlan
     from fairseq_clusterformer.layers.settings import CAUSALITY_CHOICES, LayerSettings
 
     kinds = ["full", "window"]
-    for choice in settings.LONG_RANGE_CHOICES:
-        if choice == "cluster":
-            kinds += [f"cluster-{mode}" for mode in CAUSALITY_CHOICES]
-        elif choice != "none":
-            kinds.append(f"{choice}-strict")
-    if "window_merge" in _field_names(LayerSettings) | _field_names(settings.LongRangePlan):
+    for name, kind in KINDS.items():
+        kinds += [f"{name}-{mode}" for mode in CAUSALITY_CHOICES] if kind.uses_clusters else [f"{name}-strict"]
+    if "window_merge" in _field_names(LayerSettings) | _field_names(LongRangePlan):
         kinds += [f"{k}:attention" for k in ("window", "cluster-paper") if k in kinds]
     return kinds
 
@@ -87,7 +84,8 @@ def build(kind: str, args) -> torch.nn.Module:
         return TransformerDecoderLayerBase(cfg, no_encoder_attn=True)
 
     from fairseq_clusterformer.layers.build import build_layer
-    from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
+    from fairseq_clusterformer.layers.kinds import LongRangePlan
+    from fairseq_clusterformer.layers.settings import LayerSettings
 
     base, _, merge = kind.partition(":")
     merge = merge or "layer"

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 
 from fairseq_clusterformer.layers.build import build_layer
-from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import LongRangePlan
+from fairseq_clusterformer.layers.settings import LayerSettings
 
 KINDS = {
     "window": ("none", "strict", "own", {}),

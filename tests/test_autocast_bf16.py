@@ -6,6 +6,7 @@ import pytest
 import torch
 from fairseq.optim.amp_optimizer import AMPOptimizer
 
+from fairseq_clusterformer.layers.kinds import KINDS, NO_LONG_RANGE
 from fairseq_clusterformer.qa.criterion import ClusterFormerQACriterion
 from tests.conftest import PACKAGE, TINY_LM_TRAIN, run_cli
 from tests.data.qa_model.synthetic import shared_data
@@ -43,7 +44,7 @@ def to_device(sample, device):
             for k, v in sample.items()}  # fmt: skip
 
 
-@pytest.mark.parametrize("kind", ["none", "cluster", "lsh", "sparse"])
+@pytest.mark.parametrize("kind", [NO_LONG_RANGE, *KINDS])
 def test_autocast_bf16_runs_the_forward_pass_in_bfloat16_with_float32_loss_and_gradients(qa_data, device, kind):
     task, model = build(qa_data, "--long-range-layer", kind)
     model.to(device)

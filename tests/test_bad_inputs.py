@@ -8,7 +8,8 @@ import torch
 from fairseq_clusterformer.checkpoints.integrity import verify_checkpoint
 from fairseq_clusterformer.layers.baselines import LSHLayer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
-from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import LongRangePlan
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.refresh.refresher import RefreshSettings
 from fairseq_clusterformer.refresh.task_hooks import refresh_settings
 from tests.conftest import PACKAGE, SLICE, TINY_LM_TRAIN, run_cli, run_ok

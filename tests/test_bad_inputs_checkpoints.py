@@ -17,6 +17,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from fairseq_clusterformer.checkpoints.writes import FAIRSEQ_TEMP_IDLE_S
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.kinds import KINDS, NO_LONG_RANGE
 from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.refresh.refresher import CentroidRefresher, RefreshSettings
 from tests.conftest import PACKAGE, REPO, TINY_LM_TRAIN, run_cli, run_ok
@@ -60,7 +61,7 @@ def test_only_cluster_layers_need_the_clusterformer_task(lm_data):
     build_under(lm_data, "language_modeling").eval()  # evaluation and generation: no refresh needed
     build_under(lm_data, "clusterformer_lm", "--memory-size", "1000").train()
     # no centroids, nothing to refresh: language_modeling trains it as clusterformer_lm would
-    for kind in ("none", "lsh", "sparse"):
+    for kind in (NO_LONG_RANGE, *(name for name, row in KINDS.items() if not row.uses_clusters)):
         build_under(lm_data, "language_modeling", "--long-range-layer", kind).train()
 
 

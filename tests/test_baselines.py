@@ -9,7 +9,8 @@ import torch
 from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.layers.build import build_layer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
-from fairseq_clusterformer.layers.settings import LONG_RANGE_CHOICES, LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import LongRangePlan, long_range_choices
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from fairseq_clusterformer.ops.lsh import lsh_buckets
 from tests.reference import (
@@ -113,7 +114,7 @@ def test_lsh_needs_an_even_bucket_count_and_says_which_flag():
 def every_kind(causality, merge="layer"):
     s = dataclasses.replace(settings(), window_merge=merge)
     layers = {"none": SlidingWindowLayer(s)}
-    for kind in LONG_RANGE_CHOICES:
+    for kind in long_range_choices():
         if kind != "none":
             layers[kind] = build_layer(1, s, LongRangePlan(frozenset({1}), kind, 4, causality))
     for layer in layers.values():

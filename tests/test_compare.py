@@ -10,7 +10,7 @@ import sys
 import pytest
 from fairseq import options
 
-from fairseq_clusterformer.layers.settings import LONG_RANGE_CHOICES
+from fairseq_clusterformer.layers.kinds import long_range_choices
 from fairseq_clusterformer.scripts.lm import compare_data, compare_lm
 from fairseq_clusterformer.scripts.lm.compare_presets import PRESETS, ROWS, train_args
 from tests.conftest import PACKAGE, REPO, SLICE
@@ -25,7 +25,7 @@ def test_rows_are_the_papers_table_3_in_both_causality_modes():
         assert {("sparse", 0, causality), ("lsh", 64, causality)} <= combos
         assert {("cluster", p, causality) for p in (64, 256, 512)} <= combos
     assert len(combos) == len(ROWS) == 11 and len({row.key for row in ROWS}) == 11
-    assert {row.kind for row in ROWS} <= set(LONG_RANGE_CHOICES)
+    assert {row.kind for row in ROWS} <= set(long_range_choices())
     assert compare_lm.select_rows("window,cluster64-paper") == [ROWS[0], ROWS[8]]
     with pytest.raises(ValueError, match="--rows: unknown row"):
         compare_lm.select_rows("window,nope")

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from fairseq_clusterformer.layers.build import build_layer, configure_layers
-from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import LongRangePlan
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops import flex_windows
 from tests.data.qa_model.synthetic import shared_data
 from tests.layer_kinds import KINDS

@@ -15,6 +15,8 @@ import torch
 from fairseq.hub_utils import GeneratorHubInterface
 from fairseq.sequence_generator import SequenceGenerator
 
+from fairseq_clusterformer.layers.kinds import KINDS as LAYER_KINDS
+from fairseq_clusterformer.layers.kinds import NO_LONG_RANGE
 from fairseq_clusterformer.lm.decoder import CACHE_KEY
 from fairseq_clusterformer.lm.model import ClusterFormerLanguageModel
 from fairseq_clusterformer.ops.step_cache import empty_rows, gather_rows, push_rows, ring_filled, step_window_mask
@@ -23,7 +25,7 @@ from tests.test_model import build
 
 WINDOW, STRIDE = 8, 4
 SMALL = ["--window-size", WINDOW, "--window-stride", STRIDE, "--num-clusters", 8, "--cluster-groups", 2]
-KINDS = ("none", "cluster", "lsh", "sparse")
+KINDS = (NO_LONG_RANGE, *LAYER_KINDS)
 MERGES = ("layer", "attention")
 GENERATED = 40  # five windows past the longer prompt
 TIGHT = {"rtol": 1e-5, "atol": 5e-5}

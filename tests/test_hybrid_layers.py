@@ -11,13 +11,14 @@ from fairseq.models.roberta import RobertaModel
 from fairseq_clusterformer.layers.build import build_layer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
 from fairseq_clusterformer.layers.hybrid import HybridLongRange, HybridSparseLayer
-from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import KINDS, LongRangePlan
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from tests.conftest import PACKAGE
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import batch, build, parse
 
-KINDS = ["cluster", "lsh", "sparse"]
+HYBRIDS = [name for name, kind in KINDS.items() if kind.hybrid]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def hybrid_layers(model):
 
 
 @pytest.mark.parametrize("merge", ["layer", "attention"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", HYBRIDS)
 def test_at_initialisation_the_hybrid_model_is_the_sliding_window_model(qa_data, kind, merge):
     task, hybrid, windows = hybrid_and_windows(qa_data, kind, "--window-merge", merge)
     assert len(hybrid_layers(hybrid)) == 2 and all(
@@ -62,7 +63,7 @@ def test_at_initialisation_the_hybrid_model_is_the_sliding_window_model(qa_data,
     assert not torch.allclose(moved["start"], theirs["start"], atol=1e-3)  # once open, the gate changes the output
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", HYBRIDS)
 def test_the_gate_gets_a_gradient_at_initialisation(qa_data, kind):
     task, hybrid, _ = hybrid_and_windows(qa_data, kind)
     hybrid.train()

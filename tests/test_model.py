@@ -5,8 +5,8 @@ import torch
 from fairseq import options, tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.kinds import KINDS
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from tests.conftest import PACKAGE
 
@@ -135,9 +135,7 @@ def test_centroids_are_in_the_state_dict_and_a_mismatch_names_the_flag(lm_data):
         other.load_state_dict(state)
 
 
-@pytest.mark.parametrize(
-    "kind,layer_type", [("lsh", LSHLayer), ("sparse", StridedSparseLayer), ("cluster", ClusterFormerLayer)]
-)
+@pytest.mark.parametrize("kind,layer_type", [(name, kind.layer) for name, kind in KINDS.items()])
 @pytest.mark.parametrize("merge", ["layer", "attention"])
 def test_every_long_range_kind_and_merge_builds_from_the_flags_and_trains_a_step(lm_data, kind, layer_type, merge):
     _, model = build(lm_data, "--long-range-layer", kind, "--window-merge", merge)

@@ -11,7 +11,7 @@ import torch
 
 from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
-from fairseq_clusterformer.layers.settings import LongRangePlan
+from fairseq_clusterformer.layers.kinds import LongRangePlan
 from fairseq_clusterformer.ops import attention
 from fairseq_clusterformer.ops.attention import (
     masked_attention,

@@ -15,13 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_clusterformer.layers.build import build_layer
-from fairseq_clusterformer.layers.settings import (
-    CAUSALITY_CHOICES,
-    LONG_RANGE_CHOICES,
-    WINDOW_MERGE_CHOICES,
-    LayerSettings,
-    LongRangePlan,
-)
+from fairseq_clusterformer.layers.kinds import LongRangePlan, long_range_choices
+from fairseq_clusterformer.layers.settings import CAUSALITY_CHOICES, WINDOW_MERGE_CHOICES, LayerSettings
 from tests.reference import sliding_reference
 
 DIM, HEADS, WINDOW, STRIDE = 16, 2, 8, 4
@@ -57,7 +52,7 @@ class OpCounter(TorchDispatchMode):
 def layer_kinds() -> list[tuple[str, str, str]]:
     """(long-range choice, causality, window merge) of every layer the decoder can build."""
     kinds = []
-    for choice, merge in itertools.product(LONG_RANGE_CHOICES, WINDOW_MERGE_CHOICES):
+    for choice, merge in itertools.product(long_range_choices(), WINDOW_MERGE_CHOICES):
         modes = ("strict",) if choice == "none" else CAUSALITY_CHOICES
         kinds += [(choice, mode, merge) for mode in modes]
     return kinds

@@ -8,12 +8,13 @@ import torch
 from fairseq import tasks
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
+from fairseq_clusterformer.layers.kinds import KINDS
 from fairseq_clusterformer.layers.sorted_window import SortedWindowLayer
 from fairseq_clusterformer.layers.streams import DrawCounter, stream_seed
 from tests.data.qa_model.synthetic import shared_data
 from tests.test_qa_model import batch, parse
 
-KINDS = ["cluster", "lsh", "sparse"]
+HYBRIDS = [name for name, kind in KINDS.items() if kind.hybrid]  # each runs replace and hybrid
 # hidden dropout on: its masks must be the same in both runs; attention dropout off, as in table b's CPU runs (the
 # hybrid's far branch draws attention-dropout masks the sliding-window layer does not)
 DROPOUT = ("--dropout", "0.1")
@@ -38,7 +39,7 @@ def long_range(model):
 
 
 @pytest.mark.parametrize("mode", ["replace", "hybrid"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", HYBRIDS)
 def test_a_long_range_model_has_the_sliding_window_models_weights_and_leaves_the_stream_where_it_does(
     qa_data, kind, mode
 ):
@@ -54,7 +55,7 @@ def test_a_long_range_model_has_the_sliding_window_models_weights_and_leaves_the
     assert torch.equal(after_ours, after_windows)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", HYBRIDS)
 def test_a_hybrid_training_step_at_update_0_is_the_sliding_window_models(qa_data, kind):
     task, windows, _ = built(qa_data, "--long-range-layer", "none")
     _, hybrid, _ = built(qa_data, "--long-range-layer", kind, "--long-range-mode", "hybrid")

@@ -13,7 +13,8 @@ import torch
 
 from fairseq_clusterformer.layers.build import build_layer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
-from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import KINDS, LongRangePlan
+from fairseq_clusterformer.layers.settings import LayerSettings
 from tests.test_model import build
 
 C = 8
@@ -63,7 +64,7 @@ def test_sparse_paper_layer_passes_the_fixed_length_check_and_leaks_on_a_prefix(
     assert prefix_change(layer, x) > LEAK, "a shorter sequence moves the windows of the sorted sequence"
 
 
-@pytest.mark.parametrize("kind", ["cluster", "lsh"])
+@pytest.mark.parametrize("kind", [name for name, kind in KINDS.items() if kind.grouped])
 def test_paper_layers_whose_groups_depend_on_the_states_fail_both_checks(kind):
     layer = long_range_layer(kind, "paper")
     x = sequence(2)
@@ -71,7 +72,7 @@ def test_paper_layers_whose_groups_depend_on_the_states_fail_both_checks(kind):
     assert prefix_change(layer, x) > LEAK
 
 
-@pytest.mark.parametrize("kind", ["cluster", "lsh", "sparse"])
+@pytest.mark.parametrize("kind", list(KINDS))
 def test_strict_layers_give_a_prefix_the_outputs_of_the_whole_sequence(kind):
     layer = long_range_layer(kind, "strict")
     x = sequence(3)

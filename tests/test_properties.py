@@ -1,6 +1,6 @@
 """Properties of every long-range layer kind over random sequence lengths, windows, cluster counts and batches.
 
-The kinds come from ``LONG_RANGE_CHOICES``, so a new kind is tested as soon as it is registered. B = batch,
+The kinds come from ``layers.kinds``, so a new kind is tested as soon as it has a row there. B = batch,
 T = tokens, C = channels.
 """
 
@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from fairseq_clusterformer.layers.build import build_layer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
-from fairseq_clusterformer.layers.settings import LONG_RANGE_CHOICES, LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import LongRangePlan, long_range_choices
+from fairseq_clusterformer.layers.settings import LayerSettings
 
 C = 8
 EXAMPLES = settings(max_examples=12, deadline=None)
@@ -18,7 +19,7 @@ EXAMPLES = settings(max_examples=12, deadline=None)
 
 @st.composite
 def layers(draw, causality=st.sampled_from(["strict", "paper"])):
-    kind = draw(st.sampled_from(LONG_RANGE_CHOICES))
+    kind = draw(st.sampled_from(long_range_choices()))
     window = draw(st.integers(2, 9))
     stride = draw(st.integers(1, window - 1))
     # LSH takes the argmax over P/2 random directions and their negatives: P must be even

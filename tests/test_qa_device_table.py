@@ -126,7 +126,7 @@ def test_the_device_call_dry_run_trains_scores_reports_and_resumes(payload):
         assert all(scored[q] == a for q, a in ablation["answers"]["trained"].items())
     assert not json.loads(files["results/article_sparse_seed1/summary.json"])["cluster_ablation"]
     report = (root / "out2/report.md").read_text()
-    assert "| b. whole articles, `sparse`, seed 1 | " in report
+    assert "| b. whole articles, sparse layers 5, 6 (`sparse`), seed 1 | " in report
     assert re.search(r"\| `cluster-hybrid` \| 1 \| [+-]\d+\.\d\d \[", report)
     assert re.search(r"\| `cluster-layer6` \| 1 \| [+-]\d+\.\d\d \[", report)
     assert "| article_cluster-layer6_seed1 | 6 | " in report and "| article_cluster-layer6_seed1 | 5 | " not in report

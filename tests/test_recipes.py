@@ -11,6 +11,7 @@ import pytest
 import torch
 from fairseq import options
 
+from fairseq_clusterformer.layers.kinds import long_range_choices
 from fairseq_clusterformer.scripts.lm.prepare_enwik8 import STANDARD_HELD_OUT, bytes_to_text, read_bytes, split_bytes
 from tests.conftest import REPO, SLICE, subprocess_env
 
@@ -127,8 +128,12 @@ def test_scripts_explain_themselves_and_name_what_is_wrong(recipe, tmp_path):
     for name in ("prepare", "train", "eval"):
         code, out = script(recipe, name, "-h")
         assert code == 0 and out.startswith("usage: examples/")
-    code, out = script(recipe, "train", "--dry-run", LONG_RANGE="bogus", GPUS="0")
-    assert code == 2 and "LONG_RANGE" in out and "bogus" in out
+    # no list of kinds in the recipe: fairseq-train's --long-range-layer refuses it, naming the value and the kinds
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "dict.txt").touch()
+    code, out = script(recipe, "train", tmp_path / "data", LONG_RANGE="bogus", GPUS="0")
+    assert code == 2 and "argument --long-range-layer: invalid choice: 'bogus'" in out
+    assert all(f"'{kind}'" in out for kind in long_range_choices())
     code, out = script(recipe, "train", "--dry-run", GPUS="2", BATCH="15")
     assert code == 2 and "BATCH (15)" in out
     code, out = script(recipe, "train", tmp_path / "nodata", GPUS="0")

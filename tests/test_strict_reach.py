@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from fairseq_clusterformer.layers.baselines import LSHLayer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
+from fairseq_clusterformer.layers.kinds import KINDS as LAYER_KINDS
 from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.ops.cluster_groups import band_group_ids, cluster_to_group, default_groups
 from fairseq_clusterformer.refresh.kmeans_job import refresh_layer
@@ -135,7 +136,7 @@ def test_checkpoint_without_shares_loads_with_equal_shares():
     assert torch.allclose(fresh.shares, torch.full((6,), 1 / 6, dtype=fresh.shares.dtype))
 
 
-KINDS = [("cluster", "strict"), ("lsh", "strict"), ("sparse", "strict"), ("none", "strict"), ("cluster", "paper")]
+KINDS = [*((kind, "strict") for kind in LAYER_KINDS), ("none", "strict"), ("cluster", "paper")]
 
 
 @pytest.mark.parametrize("merge", ["layer", "attention"])

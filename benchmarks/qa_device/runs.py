@@ -23,7 +23,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# variant -> (--long-range-layer, --long-range-mode, --long-range-layers)
+from fairseq_clusterformer.layers.kinds import KINDS as LAYER_KINDS
+
+# variant -> (--long-range-layer, --long-range-mode, --long-range-layers): the runs this series made or may make, named
+# as their result folders are (the kinds themselves are layers/kinds.py's)
 VARIANTS = {
     "none": ("none", "replace", "5,6"),
     "cluster": ("cluster", "replace", "5,6"),
@@ -40,9 +43,9 @@ VARIANTS = {
 KINDS = tuple(VARIANTS)
 DEFAULT_KINDS = "none,cluster-layer6,lsh-layer6,sparse-layer6,cluster-layer5"
 # fairseq-clusterformer-qa-reach's mechanism statistic: where the far keys of the content-grouped kinds lie
-REACH_KINDS = ("cluster", "lsh")
+REACH_KINDS = tuple(name for name, kind in LAYER_KINDS.items() if kind.grouped)
 # benchmarks/qa_cluster_ablation.py: do the trained clusters answer, or did the layer only help training?
-ABLATION_KINDS = ("cluster",)
+ABLATION_KINDS = tuple(name for name, kind in LAYER_KINDS.items() if kind.uses_clusters)
 # qa-reach and the ablation on the first N held-out questions (a fixed subset: the split's order), so that they fit
 # beside the runs; recorded in the new variants' settings (the first call's runs never reached either)
 REACH_QUESTIONS = 300

@@ -23,19 +23,19 @@
 # --dry-run: print the commands instead of running them, after the checks the run makes (LONG_RANGE_LAYERS against
 #   the encoder's layers included).
 # --prepare-only: stop after the import and the binarised data (benchmarks/qa_device/prepare.sh uses them).
-# Environment: KIND (none: sliding windows only | cluster | lsh | sparse, at LONG_RANGE_LAYERS, default 5,6: the
-#   paper's placement scaled to 6 layers; 6 alone: the paper's share of converted layers), LONG_RANGE_MODE (replace:
-#   the paper's layer | hybrid: the sliding window kept, the long-range attention added through a gate that starts
-#   at 0; docs/qa.md), PRECISION (auto: bf16 where this CPU multiplies bfloat16 natively, examples/cpu_precision.py,
-#   else fp32 | fp32 | bf16: --autocast-bf16 in fine-tuning and scoring, matrix products in bfloat16;
-#   docs/cpu_speed.md), ATTENTION_DROPOUT (0 under bf16: the CPU's fused attention kernel, docs/cpu_speed.md; 0.1
-#   under fp32), SEED (1), UPDATES (700), LR (1e-4: tuned with 700 updates; UPDATES without LR says so), WARMUP
-#   (UPDATES/10), BATCH (16),
-#   WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles), MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 /
-#   2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200), MEMORY (50000), TRAIN_ARTICLES (40: the
-#   articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2: fairseq's --stop-time-hours),
-#   SAVE_INTERVAL (100: checkpoint_last.pt is saved every SAVE_INTERVAL updates, so that a run killed from outside, as
-#   at the end of a machine's session, resumes from at most that many updates back; 0: only at the end or the stop).
+# Environment: KIND (a --long-range-layer value: none, sliding windows only, or a kind of layers/kinds.py such as
+#   cluster, at LONG_RANGE_LAYERS, default 5,6: the paper's placement scaled to 6 layers; 6 alone: the paper's share of
+#   converted layers), LONG_RANGE_MODE (replace: the paper's layer | hybrid: the sliding window kept, the long-range
+#   attention added through a gate that starts at 0; docs/qa.md), PRECISION (auto: bf16 where this CPU multiplies
+#   bfloat16 natively, examples/cpu_precision.py, else fp32 | fp32 | bf16: --autocast-bf16 in fine-tuning and scoring,
+#   matrix products in bfloat16; docs/cpu_speed.md), ATTENTION_DROPOUT (0 under bf16: the CPU's fused attention kernel,
+#   docs/cpu_speed.md; 0.1 under fp32), SEED (1), UPDATES (700), LR (1e-4: tuned with 700 updates; UPDATES without LR
+#   says so), WARMUP (UPDATES/10), BATCH (16), WINDOW / STRIDE (192 / 160 for paragraphs, 256 / 224 for articles),
+#   MAX_QUESTION (40), MAX_CONTEXT_TRAIN (512 / 2048), MAX_CONTEXT_EVAL (12000), CLUSTERS (64), KMEANS_INTERVAL (200),
+#   MEMORY (50000), TRAIN_ARTICLES (40: the articles before it train, the rest are held out), THREADS (2), MAX_HOURS (2:
+#   fairseq's --stop-time-hours), SAVE_INTERVAL (100: checkpoint_last.pt is saved every SAVE_INTERVAL updates, so that a
+#   run killed from outside, as at the end of a machine's session, resumes from at most that many updates back; 0: only
+#   at the end or the stop).
 # A run stopped by MAX_HOURS before UPDATES is not scored (it exits 3 and says so); the same command resumes it from its
 #   checkpoint_last.pt for another MAX_HOURS (fairseq's --stop-time-hours counts the hours of earlier runs, so each
 #   call adds MAX_HOURS to those). Scoring uses the last checkpoint, with no selection on the held-out questions.
@@ -66,7 +66,6 @@ case "$CONTEXTS" in
     article) WINDOW="${WINDOW:-256}" STRIDE="${STRIDE:-224}" MAX_CONTEXT_TRAIN="${MAX_CONTEXT_TRAIN:-2048}" ;;
     *) echo "$0: --contexts $CONTEXTS: expected paragraph or article" >&2; exit 2 ;;
 esac
-case "$KIND" in none|cluster|lsh|sparse) ;; *) echo "$0: KIND=$KIND: expected none, cluster, lsh or sparse" >&2; exit 2 ;; esac
 LONG_RANGE_MODE="${LONG_RANGE_MODE:-replace}" LONG_RANGE_LAYERS="${LONG_RANGE_LAYERS:-5,6}"
 case "$LONG_RANGE_MODE" in
     replace) VARIANT="$KIND" ;;
@@ -74,7 +73,7 @@ case "$LONG_RANGE_MODE" in
     *) echo "$0: LONG_RANGE_MODE=$LONG_RANGE_MODE: expected replace or hybrid" >&2; exit 2 ;;
 esac
 [[ "$KIND" != none || "$LONG_RANGE_MODE" == replace ]] ||
-    { echo "$0: LONG_RANGE_MODE=hybrid needs a long-range KIND (cluster, lsh or sparse), got KIND=none" >&2; exit 2; }
+    { echo "$0: LONG_RANGE_MODE=hybrid needs a long-range KIND (not none), got KIND=none" >&2; exit 2; }
 [[ "$LONG_RANGE_LAYERS" =~ ^[0-9]+(,[0-9]+)*$ ]] ||
     { echo "$0: LONG_RANGE_LAYERS=$LONG_RANGE_LAYERS: expected layer numbers like 5,6 or 6" >&2; exit 2; }
 [[ "$KIND" == none || "$LONG_RANGE_LAYERS" == 5,6 ]] || VARIANT="$VARIANT-layer${LONG_RANGE_LAYERS//,/-}"

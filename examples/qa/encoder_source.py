@@ -9,10 +9,10 @@ HF_DIR when its weights file has that SHA-256 (the same model, also when moved, 
 otherwise stops: the data and runs in --out were made from the other model. ``made-from`` does the same for a folder
 made from ENCODER (the tokenised SQuAD data, a fine-tuning run): FOLDER/encoder_source.json records the encoder it
 was made from; a folder recorded with another encoder is refused, one without a record (made before the recipe
-kept them) gets the current encoder's. ``check-layers`` applies the QA model's own checks of --long-range-layers
-to the encoder's layer count (HF_DIR/config.json; all-MiniLM-L6-v2's 6 in a dry run before its wheel is installed),
-so that a dry run refuses what the run would. Exit status 2 and a message naming the folders and both models, or the
-setting, on refusal.
+kept them) gets the current encoder's. ``check-layers`` applies the QA model's own checks: KIND against the choices
+of --long-range-layer, and --long-range-layers against the encoder's layer count (HF_DIR/config.json;
+all-MiniLM-L6-v2's 6 in a dry run before its wheel is installed), so that a dry run refuses what the run would. Exit
+status 2 and a message naming the folders and both models, or the setting, on refusal.
 """
 
 from __future__ import annotations
@@ -90,8 +90,14 @@ def made_from(encoder: Path, folder: Path, dry_run: bool) -> None:
 
 
 def check_layers(hf_dir: Path, layers: str, kind: str) -> None:
-    from fairseq_clusterformer.layers.settings import parse_layer_list
+    from fairseq_clusterformer.layers.kinds import long_range_choices
+    from fairseq_clusterformer.layers.settings import check_choice, parse_layer_list
     from fairseq_clusterformer.qa.encoder import check_first_layer
+
+    try:  # the choices of the QA model's --long-range-layer
+        check_choice("--long-range-layer", kind, long_range_choices())
+    except ValueError as err:
+        refuse(f"KIND={kind}: {err}")
 
     config = hf_dir / "config.json"
     # transformers' BERT and RoBERTa configs default to 12 layers

@@ -12,9 +12,9 @@
 #   as below.
 # Environment overrides: ARCH, ROBERTA (directory with model.pt + dict.txt of a fairseq RoBERTa, or empty to train
 #   from scratch), LR, WARMUP, UPDATES, BATCH (questions per update), MAX_SENTENCES (questions per forward pass and
-#   device), DROPOUT, ATTENTION_DROPOUT (DROPOUT), LONG_RANGE (cluster|lsh|sparse|none), CLUSTERS, WINDOW, STRIDE, MAX_CONTEXT_TRAIN,
-#   MAX_CONTEXT_EVAL, MAX_QUESTION, CONTEXT_OVERFLOW (truncate|skip), MEMORY, KMEANS_INTERVAL, KMEANS_BACKEND,
-#   SAVE_DIR, SEED. Extra arguments go to fairseq-train as they are.
+#   device), DROPOUT, ATTENTION_DROPOUT (DROPOUT), LONG_RANGE (a --long-range-layer value: fairseq-train's help
+#   lists them), CLUSTERS, WINDOW, STRIDE, MAX_CONTEXT_TRAIN, MAX_CONTEXT_EVAL, MAX_QUESTION, CONTEXT_OVERFLOW
+#   (truncate|skip), MEMORY, KMEANS_INTERVAL, KMEANS_BACKEND, SAVE_DIR, SEED. Extra arguments go to fairseq-train as they are.
 set -euo pipefail
 
 if (($# < 1)) || [[ "$1" == -h || "$1" == --help ]]; then

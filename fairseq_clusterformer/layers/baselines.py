@@ -33,6 +33,15 @@ class LSHLayer(Float32Buffers, NeighbourGroupLayer):
     kind = "lsh"
     float32_buffers = ("eval_rotations", "train_rotations")
 
+    @classmethod
+    def check_num_groups(cls, num_groups: int) -> None:
+        if num_groups % 2:
+            raise ValueError(
+                "--num-clusters must be an even number >= 2 for --long-range-layer lsh (angular LSH draws "
+                f"--num-clusters / 2 random directions and takes the argmax over them and their negatives), got "
+                f"{num_groups}"
+            )
+
     def __init__(
         self,
         settings: LayerSettings,

@@ -1,5 +1,6 @@
-"""Which layer a position of a model runs: a sliding-window layer, or its plan's long-range kind; and how the built
-layers compute (``--compile-layers``, ``--attention-backend``), set on them once the model is built."""
+"""Which layer a position of a model runs: a sliding-window layer, or its plan's long-range kind (``layers.kinds``);
+and how the built layers compute (``--compile-layers``, ``--attention-backend``), set on them once the model is
+built."""
 
 from __future__ import annotations
 
@@ -7,28 +8,24 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
-from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
 from fairseq_clusterformer.layers.compiled import check_compile_mode
 from fairseq_clusterformer.layers.flex import check_attention_backend
-from fairseq_clusterformer.layers.hybrid import HybridClusterFormerLayer, HybridLSHLayer, HybridSparseLayer
-from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import NO_LONG_RANGE, LongRangePlan, long_range_kind
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer, WindowedTransformerLayer
 
 
 def build_layer(index: int, settings: LayerSettings, plan: LongRangePlan) -> nn.Module:
-    """Layer number ``index`` (1-based) of a model with ``plan`` (checked when it was made). A layer that draws random
-    numbers draws them from stream ``index`` of its own (``layers.streams``)."""
-    if index not in plan.layers or plan.kind == "none":
+    """Layer number ``index`` (1-based) of a model with ``plan`` (checked when it was made), its kind's class as
+    ``layers.kinds`` says it is built. A layer that draws random numbers draws them from stream ``index`` of its own
+    (``layers.streams``)."""
+    if index not in plan.layers or plan.kind == NO_LONG_RANGE:
         return SlidingWindowLayer(settings)
-    hybrid = plan.mode == "hybrid"
-    if plan.kind == "cluster":
-        cluster = HybridClusterFormerLayer if hybrid else ClusterFormerLayer
-        return cluster(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values, stream=index)
-    if plan.kind == "lsh":
-        lsh = HybridLSHLayer if hybrid else LSHLayer
-        return lsh(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values, stream=index)
-    return (HybridSparseLayer if hybrid else StridedSparseLayer)(settings, plan.causality, plan.values)
+    kind = long_range_kind(plan.kind)
+    layer = kind.hybrid if plan.mode == "hybrid" else kind.layer
+    if kind.grouped:
+        return layer(settings, plan.num_clusters, plan.causality, plan.band_groups, plan.values, stream=index)
+    return layer(settings, plan.causality, plan.values)
 
 
 def configure_layers(layers: Iterable[nn.Module], compile_mode: str, attention_backend: str) -> int:

@@ -1,9 +1,10 @@
-"""The settings every windowed and long-range layer is built from, and the one place they are checked.
+"""The settings every windowed and long-range layer is built from, and the rules they follow.
 
-A model turns its flags into a ``LayerSettings`` and a ``LongRangePlan``; their ``__post_init__`` reject bad values
-with an error that names the fairseq flag at fault. The layers, the decoder and the window schemes trust them and
-check nothing again; a layer built on its own (tests, benchmarks) runs the same check through
-``check_long_range``.
+A model turns its flags into a ``LayerSettings`` and a ``kinds.LongRangePlan``; their ``__post_init__`` reject bad
+values with an error that names the fairseq flag at fault. The layers, the decoder and the window schemes trust them
+and check nothing again; a long-range layer built on its own (tests, benchmarks) runs the rules of every kind through
+``check_long_range``. The kinds themselves are rows of ``kinds.py``, which imports the layer classes that import
+this module.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 
 WINDOW_MERGE_CHOICES = ("layer", "attention")
 SLIDING_WINDOW_CHOICES = ("overlap", "band")
-LONG_RANGE_CHOICES = ("cluster", "lsh", "sparse", "none")
 CAUSALITY_CHOICES = ("strict", "paper")
 # what a long-range key's value is: its own state's ("own", the paper), or the state of the token after it ("next")
 LONG_RANGE_VALUE_CHOICES = ("own", "next")
@@ -75,60 +75,29 @@ class LayerSettings:
             )
 
 
-def check_long_range(kind: str, num_clusters: int, causality: str, band_groups: int, values: str = "own") -> None:
-    """The rules of ``LongRangePlan``, for one long-range layer of ``kind``."""
-    check_choice("--long-range-layer", kind, LONG_RANGE_CHOICES)
+def check_long_range(
+    num_groups: int, causality: str, band_groups: int, values: str = "own", grouped: bool = True
+) -> None:
+    """The rules every long-range layer follows, whatever its kind (``kinds.LongRangePlan`` adds the kind's own);
+    ``grouped``: the layer gathers its groups into --cluster-groups runs in the strict mode (cluster, LSH)."""
     check_choice("--cluster-causality", causality, CAUSALITY_CHOICES)
     check_choice("--long-range-values", values, LONG_RANGE_VALUE_CHOICES)
-    if values == "next" and (kind == "none" or causality != "strict"):
+    if values == "next" and causality != "strict":
         raise ValueError(
-            "--long-range-values next needs long-range layers (--long-range-layer cluster, lsh or sparse) with "
-            f"--cluster-causality strict, got --long-range-layer {kind} --cluster-causality {causality}"
+            f"--long-range-values next needs long-range layers with --cluster-causality strict, got --cluster-causality"
+            f" {causality}"
         )
-    if num_clusters < 1:
-        raise ValueError(f"--num-clusters must be positive, got {num_clusters}")
-    if kind == "lsh" and num_clusters % 2:
-        raise ValueError(
-            "--num-clusters must be an even number >= 2 for --long-range-layer lsh (angular LSH draws --num-clusters"
-            f" / 2 random directions and takes the argmax over them and their negatives), got {num_clusters}"
-        )
+    if num_groups < 1:
+        raise ValueError(f"--num-clusters must be positive, got {num_groups}")
     if band_groups < 1:
         raise ValueError(f"--cluster-groups must be positive (or 0 for the default), got {band_groups}")
-    if kind in ("cluster", "lsh") and causality == "strict" and band_groups > num_clusters:
+    if grouped and causality == "strict" and band_groups > num_groups:
         # a group is a run of neighbouring clusters: more groups than clusters leaves groups empty, and the
         # attention pattern is not the one asked for
         raise ValueError(
-            f"--cluster-groups {band_groups} must not exceed --num-clusters ({num_clusters}): every group is a run of "
+            f"--cluster-groups {band_groups} must not exceed --num-clusters ({num_groups}): every group is a run of "
             "at least one cluster (0, the default, is capped at --num-clusters)"
         )
-
-
-@dataclass(frozen=True)
-class LongRangePlan:
-    """Which layers are long-range, and what they run."""
-
-    layers: frozenset[int]  # 1-based layer numbers, as the paper counts
-    kind: str = "cluster"
-    num_clusters: int = 512
-    causality: str = "strict"
-    # strict causality: groups of neighbouring clusters (or LSH buckets) a token's keys come from
-    band_groups: int = 1
-    values: str = "own"
-    mode: str = "replace"
-
-    def __post_init__(self) -> None:
-        check_long_range(self.kind, self.num_clusters, self.causality, self.band_groups, self.values)
-        check_choice("--long-range-mode", self.mode, LONG_RANGE_MODE_CHOICES)
-        if self.mode == "hybrid" and self.kind == "none":
-            raise ValueError(
-                "--long-range-mode hybrid adds a long-range attention beside the sliding window: it needs "
-                "--long-range-layer cluster, lsh or sparse, got --long-range-layer none"
-            )
-        if not self.layers and self.kind != "none":
-            raise ValueError(
-                f"--long-range-layers is empty, so no layer would run --long-range-layer {self.kind}: name the "
-                "long-range layers (e.g. '11,15'), or say --long-range-layer none for sliding windows everywhere"
-            )
 
 
 def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layers") -> frozenset[int]:
@@ -145,30 +114,3 @@ def parse_layer_list(spec: str, num_layers: int, flag: str = "--long-range-layer
     if bad:
         raise ValueError(f"{flag} {spec!r}: layer(s) {bad} outside 1..{num_layers} (layers are numbered from 1)")
     return layers
-
-
-def settings_by_flag(settings: LayerSettings, plan: LongRangePlan, role: str) -> dict[str, object]:
-    """What the layers compute, by the flag that sets it (``role``: "decoder" for the LM's flags, "encoder" for QA's):
-    what a resumed checkpoint must agree on. Dropouts are left out: they regularise training, the trained function
-    is the same, and changing them for the rest of a run is a choice a user may make."""
-    values: dict[str, object] = {
-        f"--{role}-embed-dim": settings.embed_dim,
-        f"--{role}-ffn-embed-dim": settings.ffn_dim,
-        f"--{role}-attention-heads": settings.heads,
-        f"--{role}-normalize-before": settings.normalize_before,
-        "--activation-fn": settings.activation_fn,
-        "--window-size": settings.window_size,
-        "--window-stride": settings.window_stride,
-        "--window-merge": settings.window_merge,
-        "--sliding-windows": settings.sliding_windows,
-        "--long-range-layer": plan.kind,
-    }
-    if plan.kind != "none":  # sliding windows everywhere: the long-range settings change nothing
-        values["--long-range-layers"] = ",".join(map(str, sorted(plan.layers)))
-        values["--cluster-causality"] = plan.causality
-        values["--long-range-values"] = plan.values
-        values["--long-range-mode"] = plan.mode
-    if plan.kind in ("cluster", "lsh"):  # the sparse pattern has no clusters or groups
-        values["--num-clusters"] = plan.num_clusters
-        values["--cluster-groups"] = plan.band_groups
-    return values

@@ -46,11 +46,16 @@ class SortedWindowLayer(WindowedTransformerLayer):
         values: str = "own",
     ) -> None:
         super().__init__(settings)
-        # the model's LongRangePlan ran this check already; a layer built on its own runs it here
-        check_long_range(self.kind, num_groups, causality, band_groups, values)
+        # the model's LongRangePlan ran these checks already; a layer built on its own runs them here
+        check_long_range(num_groups, causality, band_groups, values)
+        self.check_num_groups(num_groups)
         self.num_groups = num_groups
         self.causality = causality
         self.values = values
+
+    @classmethod
+    def check_num_groups(cls, num_groups: int) -> None:
+        """Refuse a group count this kind cannot make (``kinds.LongRangePlan`` asks it of --num-clusters)."""
 
     @property
     def band(self) -> bool:

@@ -14,10 +14,8 @@ from torch import Tensor
 
 from fairseq_clusterformer.layers.build import build_layer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
-from fairseq_clusterformer.layers.settings import (
-    LayerSettings,
-    LongRangePlan,
-)
+from fairseq_clusterformer.layers.kinds import LongRangePlan
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.windowed import StepCache
 from fairseq_clusterformer.ops.precision import bf16_layers
 

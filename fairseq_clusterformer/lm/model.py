@@ -20,17 +20,21 @@ from fairseq_clusterformer.layers.build import configure_layers
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
 from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE
 from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
+from fairseq_clusterformer.layers.kinds import (
+    LongRangePlan,
+    is_grouped,
+    long_range_choices,
+    long_range_help,
+    settings_by_flag,
+)
 from fairseq_clusterformer.layers.settings import (
     CAUSALITY_CHOICES,
-    LONG_RANGE_CHOICES,
     LONG_RANGE_MODE_CHOICES,
     LONG_RANGE_VALUE_CHOICES,
     SLIDING_WINDOW_CHOICES,
     WINDOW_MERGE_CHOICES,
     LayerSettings,
-    LongRangePlan,
     parse_layer_list,
-    settings_by_flag,
 )
 from fairseq_clusterformer.lm.decoder import ClusterFormerDecoder
 from fairseq_clusterformer.lm.run_checks import check_finite_scores, warn_window_covers_sample
@@ -49,14 +53,8 @@ class ClusterFormerLMConfig(TransformerLanguageModelConfig):
     long_range_layers: str = field(
         default="11,15", metadata={"help": "comma-separated 1-based numbers of the long-range layers"}
     )
-    long_range_layer: ChoiceEnum(LONG_RANGE_CHOICES) = field(
-        default="cluster",
-        metadata={
-            "help": "what the long-range layers run: 'cluster' = Cluster-Former, 'lsh' = Reformer-style LSH buckets, "
-            "'sparse' = attention across windows at the same offset (Sparse Transformer's strided pattern), "
-            "'none' = sliding window everywhere (the paper's baselines)"
-        },
-    )
+    # the kinds of layers/kinds.py when this module is imported: a ChoiceEnum cannot grow later
+    long_range_layer: ChoiceEnum(long_range_choices()) = field(default="cluster", metadata={"help": long_range_help()})
     num_clusters: int = field(
         default=512,
         metadata={"help": "K-Means clusters per long-range layer (LSH buckets with --long-range-layer lsh; even)"},
@@ -182,7 +180,7 @@ def band_groups(args) -> int:
         return groups
     tokens = int(safe_getattr(args, "tokens_per_sample", None) or args.max_target_positions)
     groups = default_groups(tokens, args.window_size, args.num_clusters)
-    if str(args.long_range_layer) in ("cluster", "lsh") and str(args.cluster_causality) == "strict":
+    if is_grouped(str(args.long_range_layer)) and str(args.cluster_causality) == "strict":
         wanted = segment_groups(tokens, args.window_size)
         capped = f" = {wanted}, capped at --num-clusters {args.num_clusters}" if groups < wanted else ""
         logger.info(

@@ -33,7 +33,8 @@ from torch import Tensor, nn
 from fairseq_clusterformer.layers.build import build_layer
 from fairseq_clusterformer.layers.compiled import compilable
 from fairseq_clusterformer.layers.hybrid import HybridLongRange
-from fairseq_clusterformer.layers.settings import LayerSettings, LongRangePlan
+from fairseq_clusterformer.layers.kinds import NO_LONG_RANGE, LongRangePlan
+from fairseq_clusterformer.layers.settings import LayerSettings
 from fairseq_clusterformer.layers.windowed import SlidingWindowLayer
 from fairseq_clusterformer.ops.precision import bf16_layers
 from fairseq_clusterformer.qa.ops.windows import (
@@ -67,7 +68,7 @@ def qa_window_pass(
 
 
 def check_first_layer(layers: frozenset[int], kind: str) -> None:
-    if 1 in layers and kind != "none":
+    if 1 in layers and kind != NO_LONG_RANGE:
         raise ValueError(
             "--long-range-layers may not include layer 1: a long-range layer runs on the merged states of a "
             "sliding-window layer below it (paper section 3.2)"

@@ -29,14 +29,12 @@ from fairseq_clusterformer.layers.build import configure_layers
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
 from fairseq_clusterformer.layers.compiled import COMPILE_CHOICES, DEFAULT_COMPILE
 from fairseq_clusterformer.layers.flex import ATTENTION_BACKENDS
+from fairseq_clusterformer.layers.kinds import LongRangePlan, long_range_choices, long_range_help, settings_by_flag
 from fairseq_clusterformer.layers.settings import (
-    LONG_RANGE_CHOICES,
     LONG_RANGE_MODE_CHOICES,
     WINDOW_MERGE_CHOICES,
     LayerSettings,
-    LongRangePlan,
     parse_layer_list,
-    settings_by_flag,
 )
 from fairseq_clusterformer.qa.encoder import ClusterFormerQAEncoder
 from fairseq_clusterformer.qa.heads import QAHeads, add_missing_answer_types
@@ -133,7 +131,8 @@ class ClusterFormerQAModel(RobertaModel):
         parser.add_argument("--window-size", type=int, help="context tokens per window (l)")
         parser.add_argument("--window-stride", type=int, help="window stride m (< --window-size)")
         parser.add_argument("--long-range-layers", type=str, help="comma-separated 1-based long-range layer numbers")
-        parser.add_argument("--long-range-layer", choices=LONG_RANGE_CHOICES, help="what the long-range layers run")
+        # read from layers/kinds.py when the parser is built: a kind registered after import is offered too
+        parser.add_argument("--long-range-layer", choices=long_range_choices(), help=long_range_help())
         parser.add_argument(
             "--long-range-mode",
             choices=LONG_RANGE_MODE_CHOICES,

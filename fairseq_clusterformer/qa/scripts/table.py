@@ -28,23 +28,21 @@ from typing import Any
 
 import numpy as np
 
+from fairseq_clusterformer.layers.kinds import KINDS, NO_LONG_RANGE
 from fairseq_clusterformer.qa.ops.metrics import exact_match, max_over_gold, token_f1
 from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval, paired_differences
 from fairseq_clusterformer.qa.scripts.table_mechanism import fmt, gate_rows, mechanism_markdown, reach_rows, shift_rows
 from fairseq_clusterformer.scripts.cli_logging import run_cli
 
-LABELS = {
-    "none": "sliding windows only (`none`)",
-    "cluster": "Cluster-Former layers 5, 6 (`cluster`)",
-    "lsh": "`lsh`",
-    "sparse": "`sparse`",
-    "cluster-hybrid": "hybrid Cluster-Former layers 5, 6 (`cluster-hybrid`)",
-    "lsh-hybrid": "hybrid LSH layers 5, 6 (`lsh-hybrid`)",
-    "sparse-hybrid": "hybrid sparse layers 5, 6 (`sparse-hybrid`)",
-    "cluster-layer6": "one Cluster-Former layer, 6 (`cluster-layer6`)",
-    "cluster-layer5": "one Cluster-Former layer, 5 (`cluster-layer5`)",
-    "sparse-layer6": "one sparse layer, 6 (`sparse-layer6`)",
-    "lsh-layer6": "one LSH layer, 6 (`lsh-layer6`)",
+# a run's variant in words (benchmarks/qa_device/runs.py names the variants): sliding windows only, then every kind of
+# layers/kinds.py at layers 5, 6, its hybrid there, and one layer of it at 6 or at 5; the tables' order
+LABELS = {NO_LONG_RANGE: f"sliding windows only (`{NO_LONG_RANGE}`)"}
+LABELS |= {name: f"{kind.title} layers 5, 6 (`{name}`)" for name, kind in KINDS.items()}
+LABELS |= {f"{name}-hybrid": f"hybrid {kind.title} layers 5, 6 (`{name}-hybrid`)" for name, kind in KINDS.items()}
+LABELS |= {
+    f"{name}-layer{layer}": f"one {kind.title} layer, {layer} (`{name}-layer{layer}`)"
+    for name, kind in KINDS.items()
+    for layer in (6, 5)
 }
 METRICS = {"exact_match": exact_match, "f1": token_f1}
 
@@ -113,7 +111,7 @@ def load_runs(results: Path, gold: dict[str, list[str]]) -> list[dict[str, Any]]
 
 
 def kind_order(kind: str) -> tuple[int, str]:
-    """Table order: the README's kinds first (none, cluster, lsh, sparse), any other after them."""
+    """Table order: LABELS' first, any other after them."""
     return (list(LABELS).index(kind) if kind in LABELS else len(LABELS), kind)
 
 

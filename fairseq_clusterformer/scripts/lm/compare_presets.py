@@ -288,7 +288,8 @@ def cli_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The LM presets' settings, as fairseq-train flags or shell lines.")
     parser.add_argument("--preset", type=preset_name, choices=sorted(PRESETS), required=True)
     parser.add_argument("--level", choices=sorted(LEVELS), required=True, help="word (WikiText) or char (enwik8)")
-    parser.add_argument("--kind", choices=("cluster", "lsh", "sparse", "none"), default="cluster")
+    # no list of kinds here (this file runs without torch for the recipes): fairseq-train's flag refuses a bad one
+    parser.add_argument("--kind", default="cluster", help="--long-range-layer (layers/kinds.py)")
     parser.add_argument("--clusters", type=int, help="clusters or LSH buckets (default: the preset's)")
     parser.add_argument("--causality", choices=("strict", "paper"), default="strict")
     output = parser.add_mutually_exclusive_group(required=True)
