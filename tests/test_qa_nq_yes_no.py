@@ -8,13 +8,14 @@ import json
 import pytest
 import torch
 
+from fairseq_clusterformer.checkpoints.old_layouts import ADDED_CLASS_BIAS
 from fairseq_clusterformer.qa.criterion import nq_counts
 from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
 from fairseq_clusterformer.qa.data.dataset import answer_type_of
 from fairseq_clusterformer.qa.data.predictions import answer_type_name, nq_prediction
 from fairseq_clusterformer.qa.data.records import ANSWER_TYPES, SkipLog, read_records
 from fairseq_clusterformer.qa.encoder import QAEncoderOut
-from fairseq_clusterformer.qa.heads import ADDED_CLASS_BIAS, QAHeads
+from fairseq_clusterformer.qa.heads import QAHeads
 from fairseq_clusterformer.qa.ops import metrics as m
 from fairseq_clusterformer.qa.ops.spans import AnswerPrediction, decode_answers
 from fairseq_clusterformer.qa.scripts import convert as qa_convert

@@ -5,11 +5,10 @@ from dataclasses import dataclass
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from fairseq_clusterformer.checkpoints.old_layouts import drop_task_dictionary_hash
 from fairseq_clusterformer.compat.autocast_bf16 import AutocastBF16Config, AutocastBF16Hooks
 from fairseq_clusterformer.compat.loss_scaler import LossScalerResumeHooks
 from fairseq_clusterformer.refresh.task_hooks import CentroidRefreshHooks, MemoryBankConfig
-
-LEGACY_DICTIONARY_KEY = "dictionary"
 
 
 @dataclass
@@ -54,7 +53,4 @@ class ClusterFormerLMTask(LossScalerResumeHooks, CentroidRefreshHooks, AutocastB
         return iterator
 
     def load_state_dict(self, state_dict):
-        # checkpoints written before the dictionary was recorded in the model's weights (``checkpoints.dictionary``,
-        # checked on every load) also carried a hash of it in the task state: that entry is dropped unread
-        state = {name: value for name, value in state_dict.items() if name != LEGACY_DICTIONARY_KEY}
-        super().load_state_dict(state)
+        super().load_state_dict(drop_task_dictionary_hash(state_dict))  # an old checkpoint's hash (old_layouts.py)

@@ -24,6 +24,7 @@ from fairseq.models.roberta import (
 from fairseq.utils import safe_getattr
 from omegaconf import OmegaConf
 
+from fairseq_clusterformer.checkpoints.old_layouts import grow_answer_types
 from fairseq_clusterformer.compat.arch_defaults import set_defaults
 from fairseq_clusterformer.layers.build import configure_layers
 from fairseq_clusterformer.layers.centroid_check import check_centroids_loaded
@@ -36,8 +37,9 @@ from fairseq_clusterformer.layers.settings import (
     LayerSettings,
     parse_layer_list,
 )
+from fairseq_clusterformer.qa.data.records import ANSWER_TYPES
 from fairseq_clusterformer.qa.encoder import ClusterFormerQAEncoder
-from fairseq_clusterformer.qa.heads import QAHeads, add_missing_answer_types
+from fairseq_clusterformer.qa.heads import QAHeads
 from fairseq_clusterformer.qa.ops.windows import QUESTION_SPECIALS
 from fairseq_clusterformer.qa.pretrained import (
     NEW_PREFIX,
@@ -215,7 +217,7 @@ class ClusterFormerQAModel(RobertaModel):
             dict_path = self.pretrained_dict_path or safe_getattr(self.args, "roberta_dict", None)
             adapt_roberta_state(self, state_dict, prefix, pretrained_dictionary(dict_path))
         elif self.qa_heads.answer_type is not None:
-            add_missing_answer_types(state_dict, prefix)  # a checkpoint from before the yes / no classes
+            grow_answer_types(state_dict, prefix, ANSWER_TYPES)  # a checkpoint from before the yes / no classes
 
     def forward(self, question, context, **unused):
         """question: B x q ids (no <s>/</s>), context: B x T ids, both right-padded. Returns a dict of logits:
