@@ -24,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fairseq_clusterformer.qa.scripts.table import held_out_gold, per_question
+from benchmarks.qa_report.table import held_out_gold, per_question
 
 
 def load_runs(entries: list[str], variants: list[str]) -> dict[tuple[str, int, int], dict]:

@@ -1,5 +1,5 @@
 """Collect one finished run of examples/qa/cpu_pretrained.sh into a results folder that
-``python -m fairseq_clusterformer.qa.scripts.table`` reads (the layout of benchmarks/qa_device's results), so that CPU
+``python -m benchmarks.qa_report.table`` reads (the layout of benchmarks/qa_device's results), so that CPU
 runs, committed one at a time over several sessions, give table b's rows and paired intervals.
 
     python benchmarks/qa_cpu_collect.py data-bin/qa/reduced/article_cluster-hybrid-bf16-attdrop0_seed1 \

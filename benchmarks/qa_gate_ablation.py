@@ -23,8 +23,8 @@ import torch
 from bench_common import cpu_model
 from qa_ablation_passes import add_common_args, answer, check_common_args, load_model
 
-from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval
-from fairseq_clusterformer.qa.scripts.table import METRICS, per_question
+from benchmarks.qa_report.paired_bootstrap import bootstrap_interval
+from benchmarks.qa_report.table import METRICS, per_question
 
 
 def get_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.qa.scripts.table import held_out_gold
+from benchmarks.qa_report.table import held_out_gold
 from tests.conftest import REPO
 
 SQUAD = REPO / "examples" / "data" / "squad" / "dev-v1.1.json"

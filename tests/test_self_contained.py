@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.scripts.lm import compare_data, compare_lm
+from benchmarks.lm_compare import compare as compare_lm
+from benchmarks.lm_compare import data as compare_data
 from tests.conftest import REPO
 
 DATA = REPO / "examples" / "data"

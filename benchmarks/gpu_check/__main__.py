@@ -48,7 +48,6 @@ if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
 import torch  # noqa: E402
-
 from gpu_check.common import Context, machine, machine_line, write_part  # noqa: E402
 
 # imported when run, so that a part that does not even import is that part's error, not the whole run's

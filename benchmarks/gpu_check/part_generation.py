@@ -12,7 +12,6 @@ import logging
 
 import bench_generation
 from bench_common import prepare_char_data
-
 from gpu_check.common import Context, verdict
 
 NAME = "generation"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import kmeans as kmeans_bench
 import torch
-
 from gpu_check.common import Context, median, verdict
 
 NAME = "kmeans"

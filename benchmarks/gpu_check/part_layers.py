@@ -19,7 +19,6 @@ import math
 
 import layer_scaling
 import torch
-
 from gpu_check import kernel_profile, variants
 from gpu_check.common import Context, median, peak_bytes, time_step, verdict
 from gpu_check.layers_report import LINEAR_SLACK, TARGET_RATIO, WINDOW_TARGET_RATIO, ratio, render

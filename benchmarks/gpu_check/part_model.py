@@ -22,7 +22,6 @@ import argparse
 import logging
 
 import torch
-
 from gpu_check import variants
 from gpu_check.common import PACKAGE, Context, median, peak_bytes, time_step, verdict
 

@@ -16,7 +16,6 @@ import shutil
 import time
 
 import torch
-
 from gpu_check.common import PACKAGE, REPO, Context, lm_data, markdown_escape, run_tool
 
 NAME = "train"

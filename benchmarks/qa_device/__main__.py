@@ -8,7 +8,7 @@ Unpacks the payload that benchmarks/qa_device/prepare.sh made (checked against i
 RESULTS/NAME/summary.json already holds its settings (an earlier call's, committed), trains, scores and measures the
 others side by side (schedule.py decides what starts and what is given up), and writes each finished run's folder as
 soon as it is scored. Then RESULTS/runs.json (every run's state over all calls) and the report (report.md / .json,
-by fairseq_clusterformer.qa.scripts.table). --tiny: the CPU dry run's sizes; it refuses to write into
+by benchmarks.qa_report.table). --tiny: the CPU dry run's sizes; it refuses to write into
 benchmarks/results/, which holds a GPU's results only.
 """
 
@@ -265,10 +265,10 @@ def main(args: argparse.Namespace) -> int:
     for state in states:
         if state.status != "done" and (paths.work / state.name / "train.log").is_file():
             shutil.copyfile(paths.work / state.name / "train.log", call_dir / f"{state.name}.train.log")
-    report = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", str(results),
+    report = [sys.executable, "-m", "benchmarks.qa_report.table", "--results", str(results),
               "--squad", str(args.squad), "--held-out-from", str(args.held_out_from),
               "--markdown", str(results / "report.md"), "--json", str(results / "report.json")]  # fmt: skip
-    code = subprocess.run(report).returncode
+    code = subprocess.run(report, cwd=REPO).returncode
     log(f"report: exit status {code}; " + ", ".join(f"{s.name} {s.status}" for s in states))
     return 0 if code == 0 and all(s.status == "done" for s in states) else 3
 
