@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_common import cpu_model
 
+from benchmarks.common import cpu_model
 from benchmarks.qa_report.paired_bootstrap import bootstrap_interval
 from benchmarks.qa_report.table import METRICS, per_question
 from fairseq_clusterformer.qa.scripts.predict import load

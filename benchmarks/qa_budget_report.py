@@ -1,7 +1,7 @@
 """The budget series' report: EM of each variant against the updates it trained (one line a seed), and for every run
 with a cluster ablation its three passes beside `none`'s score on the same questions.
 
-    python benchmarks/qa_budget_report.py --results none=benchmarks/results/qa_pretrained/cpu_reduced \
+    python -m benchmarks.qa_budget_report --results none=benchmarks/results/qa_pretrained/cpu_reduced \
         benchmarks/results/qa_pretrained/cpu_paired benchmarks/results/qa_pretrained/cpu_budget \
         --variants none,cluster-layer6 --squad examples/data/squad/dev-v1.1.json --held-out-from 40 \
         --figure benchmarks/results/qa_pretrained/cpu_budget/budget.png \

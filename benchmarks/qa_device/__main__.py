@@ -1,6 +1,6 @@
 """The QA runs of the device call (benchmarks/qa_device/device_run.sh starts this after installing the bundle).
 
-    python benchmarks/qa_device --payload .qa-device --work /tmp/run --results DIR --stop-at EPOCH_SECONDS \
+    python -m benchmarks.qa_device --payload .qa-device --work /tmp/run --results DIR --stop-at EPOCH_SECONDS \
         [--seeds 1,2] [--kinds none,cluster-layer6,lsh-layer6,sparse-layer6,cluster-layer5] [--no-table-a] \
         [--parallel 8] [--tiny]
 
@@ -26,8 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import (  # noqa: E402
+from benchmarks.qa_device.runs import (
     DEFAULT_KINDS,
     KINDS,
     REACH_QUESTIONS,
@@ -40,7 +39,7 @@ from runs import (  # noqa: E402
     predict_command,
     train_command,
 )
-from schedule import Controller, RunState, Stage, latest_updates, launch, stop  # noqa: E402
+from benchmarks.qa_device.schedule import Controller, RunState, Stage, latest_updates, launch, stop
 
 # qa-predict's seconds on the GPU, as the first call measured them with its runs side by side (102 s and 28 s)
 SCORING_S = {"article": 105.0, "paragraph": 30.0}

@@ -47,10 +47,9 @@ WORK=$(realpath -m "$WORK") OUT=$(realpath -m "$OUT")
 # every run of the device call puts its long-range layers at 5 and 6 (runs.py): an encoder with fewer layers would
 # make a payload whose every run fails on the GPU
 if [[ -n "$HF" ]]; then
-    python - "$HF" "$REPO/benchmarks/qa_device" <<'EOF' || exit 2
+    PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python - "$HF" <<'EOF' || exit 2
 import json, sys
-sys.path.insert(0, sys.argv[2])
-from runs import COMMON
+from benchmarks.qa_device.runs import COMMON
 config = f"{sys.argv[1]}/config.json"
 try:
     layers = json.load(open(config, encoding="utf-8"))["num_hidden_layers"]
