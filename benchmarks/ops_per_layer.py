@@ -12,7 +12,7 @@ it:
   gathers it does not generate). The count is per compiled graph, so it does not depend on T (both lengths are
   counted to show it); a GPU build fuses a little differently from this CPU one.
 
-Layers are built as ``layer_scaling.py`` builds them (the same flags), with dropout 0, batch 1; FlexAttention has no
+Layers are built by ``layer_builder.py`` (``layer_scaling.py``'s flags), dropout 0, batch 1; FlexAttention has no
 backward pass on a CPU and is counted on a GPU only (``make gpu-check``'s ``layers`` part times it).
 
     TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=1 nice .venv/bin/python -m benchmarks.ops_per_layer

@@ -1,6 +1,6 @@
 """Where one layer's forward+backward time goes, against what this machine can do: why a layer misses a time target.
 
-T = tokens, C = channels. Builds layers exactly as ``layer_scaling.py`` does (same flags), runs one warm-up and one
+T = tokens, C = channels. Builds layers by ``layer_builder.py`` (``layer_scaling.py``'s flags), runs a warm-up and one
 profiled forward+backward pass per kind under ``torch.profiler`` (one thread), and writes per operator: calls, self
 time (the profiler's wall clock, scaled so that the pass adds up to its process CPU time), FLOPs (the profiler counts
 them for matrix products) and the bytes of the operator's inputs (4 bytes an element: an estimate of the traffic,

@@ -1,7 +1,7 @@
 """The work one layer's forward+backward does, counted on a CPU: why a layer is slower than FlexAttention's sliding
 window once a GPU is no longer launch-bound (T = 32,768; ``docs/gpu_speed.md``, "The 32k gap").
 
-Per kind (built as ``layer_scaling.py`` builds them, dropout 0, fp32, B = 1): the matrix-product FLOPs
+Per kind (built by ``layer_builder.py``, dropout 0, fp32, B = 1): the matrix-product FLOPs
 (``torch.utils.flop_counter``; the attention's own products are left out, as SDPA on a CPU is not counted), the
 bytes every ATen op writes (eager, so before any fusion: an upper bound of the traffic) and of them the bytes of the
 ops that only move data (gathers, their backward scatter-adds, cat, stack, where); the reference is
