@@ -193,7 +193,7 @@ def test_the_variants_commands_say_their_mode_layers_and_reach_subset(tmp_path):
                                                                        "cluster-layer5"]  # fmt: skip
     assert "ablation_questions" not in Run("article", "cluster", 1).settings(tiny=False)
     measure = measure_command(Run("article", "cluster-layer6", 1), paths, False, tmp_path / "run")[2]
-    assert measure.index("qa.scripts.reach") < measure.index("qa_cluster_ablation.py")
+    assert measure.index("qa.scripts.reach") < measure.index("-m benchmarks.qa_cluster_ablation")
     assert f"--max-examples {REACH_QUESTIONS} " in measure and "test -s" in measure.split(";")[-1]
     assert "qa_cluster_ablation" not in measure_command(Run("article", "lsh-layer6", 1), paths, False, tmp_path)[2]
     with pytest.raises(ValueError, match="--kinds: 'cluster-hybird'"):
