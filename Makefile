@@ -58,7 +58,7 @@ demo: venv ## train a tiny Cluster-Former LM on the committed WikiText-2 slice a
 GPU_CHECK_OUT ?=
 GPU_CHECK_ARGS ?=
 gpu-check: venv ## GPU validation + figures -> benchmarks/results/gpu/ (tiny on a CPU; GPU_CHECK_OUT=dir)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python benchmarks/gpu_check $(if $(GPU_CHECK_OUT),--out "$(GPU_CHECK_OUT)") $(GPU_CHECK_ARGS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/python -m benchmarks.gpu_check $(if $(GPU_CHECK_OUT),--out "$(GPU_CHECK_OUT)") $(GPU_CHECK_ARGS)
 
 # The wheels a lent GPU machine (Python 3.12, torch, no fairseq, no network) lacks, built with pyenv's Python 3.12;
 # there `bash benchmarks/gpu_check/device_run.sh` installs them and runs gpu-check within its device budget.

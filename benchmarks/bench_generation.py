@@ -13,7 +13,7 @@ only the last ``--tail-steps`` decoder calls of a run (the prefix of L - k .. L 
 generator would call it), which is the slowest part of such a run; its whole-run average would be about twice that
 rate (the cost grows linearly from 0).
 
-    OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/bench_generation.py
+    OMP_NUM_THREADS=1 nice .venv/bin/python -m benchmarks.bench_generation
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import LoadSampler, append_jsonl, machine_info, machine_markdown, markdown_table, prepare_char_data
+
+from benchmarks.common import (
+    LoadSampler,
+    append_jsonl,
+    machine_info,
+    machine_markdown,
+    markdown_table,
+    prepare_char_data,
+)
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parent.parent / "fairseq_clusterformer"
@@ -168,7 +176,7 @@ def report(records: list[dict], args, load: dict) -> str:
         "cached vs uncached (last steps)",
     ]
     command = (
-        "OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/bench_generation.py "
+        "OMP_NUM_THREADS=1 nice .venv/bin/python -m benchmarks.bench_generation "
         f"--lengths {','.join(map(str, args.lengths))} --models {args.models}"
     )
     return "\n\n".join(

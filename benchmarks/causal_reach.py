@@ -13,7 +13,7 @@ bank is stale). Rows:
 - own cluster: the earlier strict mode (the l - 1 most recent tokens of the query's own cluster).
 "beyond l" is the share of attended keys at least one window (l tokens) back, out of a sliding window's reach.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/causal_reach.py --out benchmarks/results/causal_reach.md
+    OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.causal_reach --out benchmarks/results/causal_reach.md
 """
 
 from __future__ import annotations

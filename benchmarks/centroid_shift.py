@@ -1,7 +1,7 @@
 """Would one more K-Means refresh move a trained checkpoint's centroids? The refresh training would run next, run on
 the memory banks the checkpoint saved, and how far it moves each Cluster-Former layer's installed centroids.
 
-    python benchmarks/centroid_shift.py RUN/checkpoint_last.pt [--json shift.json]
+    python -m benchmarks.centroid_shift RUN/checkpoint_last.pt [--json shift.json]
 
 Only checkpoint_last.pt carries the memory banks (fairseq's task state; the other checkpoints leave them out). Per
 Cluster-Former layer it takes the installed centroids (the model's ``...centroids`` buffers, in the order of the

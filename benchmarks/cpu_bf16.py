@@ -2,7 +2,7 @@
 kind (float32, bfloat16 autocast, compiled; attention dropout 0.1 and 0), one QA training update and one LM training
 update in both precisions, each also as a share of the machine's measured peak (linear-layer FLOPs / time).
 
-    OMP_NUM_THREADS=1 python benchmarks/cpu_bf16.py [--qa-data DIR --qa-encoder DIR] [--lm-data DIR] [--compiled]
+    OMP_NUM_THREADS=1 python -m benchmarks.cpu_bf16 [--qa-data DIR --qa-encoder DIR] [--lm-data DIR] [--compiled]
         [--json out.json] [--markdown out.md]
 
 Times are CPU seconds of this process (one thread: other processes' load lengthens the wall time, not these), the best
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import cpu_model, markdown_table
 
+from benchmarks.common import cpu_model, markdown_table
 from fairseq_clusterformer.ops.precision import matmul_gflops
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +46,7 @@ def best_cpu_seconds(step, warmup: int, repeats: int) -> float:
 
 def layer_seconds(kind: str, precision: str, attention_dropout: float, args) -> float:
     """One layer's forward + backward at the QA model's sizes (384 channels, 12 heads, FFN 1,536, windows 256 / 224)."""
-    from layer_scaling import build
+    from benchmarks.layer_builder import build
 
     shape = argparse.Namespace(dim=384, heads=12, ffn=1536, window=256, stride=224, clusters=64, groups=8,
                                dropout=0.1, attention_dropout=attention_dropout)  # fmt: skip

@@ -8,7 +8,7 @@ initial ones), then runs plain ``fairseq-eval-lm --context-window W`` on the fir
 held-out text ``--repeats`` times and reports the median of the tokens/s it prints. Data: Tiny Shakespeare read as
 bytes (enwik8's format); models: ``clusterformer_lm_enwik8`` at the width given by the flags.
 
-    OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/eval_speed.py --dim 256
+    OMP_NUM_THREADS=1 nice .venv/bin/python -m benchmarks.eval_speed --dim 256
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_common import (
+from benchmarks.common import (
     LoadSampler,
     append_jsonl,
     console_script,

@@ -3,7 +3,7 @@ exported folder, in a fresh Python process with no network (sockets refused, Hug
 interface over the checkpoint it was exported from, on the first N questions of a binarised data folder's records,
 whole contexts (the paragraphs joined at blank lines, as both split them).
 
-    python benchmarks/hf_export_check.py EXPORT_DIR --checkpoint RUN/checkpoint_last.pt \
+    python -m benchmarks.hf_export_check EXPORT_DIR --checkpoint RUN/checkpoint_last.pt \
         --records data-bin/qa/pretrained/squad_article/jsonl/valid.jsonl --questions 40 [--json check.json]
 
 Prints how many answers agree (text and character span), the largest score difference, how many are right (the gold
@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import cpu_model
-
+from benchmarks.common import cpu_model
 from fairseq_clusterformer.qa.data.records import SkipLog, read_records
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 

@@ -14,8 +14,8 @@ C = ``--stall-dim`` states, fills the bank to ``--stall-bank`` states, lets the 
 snapshot to the install over the median step without refresh work; the refresher's own ``last_stall_seconds`` and
 log lines are reported beside it. With ``--kmeans-swap-delay`` 0 the refresh runs inside the training step.
 
-    OMP_NUM_THREADS=2 nice .venv/bin/python benchmarks/kmeans.py --part refresh
-    OMP_NUM_THREADS=2 nice .venv/bin/python benchmarks/kmeans.py --part stall --swap-delays 0,4
+    OMP_NUM_THREADS=2 nice .venv/bin/python -m benchmarks.kmeans --part refresh
+    OMP_NUM_THREADS=2 nice .venv/bin/python -m benchmarks.kmeans --part stall --swap-delays 0,4
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import (
+
+from benchmarks.common import (
     LoadSampler,
     append_jsonl,
     prepare_char_data,
     read_jsonl,
     run_worker,
 )
-from kmeans_report import measured_on, render
+from benchmarks.kmeans_report import measured_on, render
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parent.parent / "fairseq_clusterformer"
@@ -203,7 +204,7 @@ def run_stall(args) -> None:
             args.stall_backend,
         ]
         with LoadSampler(every_s=5.0) as load:
-            record = run_worker(HERE, [*map(str, forwarded)], timeout=3600)
+            record = run_worker("benchmarks.kmeans", [*map(str, forwarded)], timeout=3600)
         record.update(load.summary(), threads=torch.get_num_threads(), machine=measured_on())
         record["command"] = "fairseq-train " + " ".join(stall_command(args, delay)[1:])
         print(json.dumps(record), flush=True)

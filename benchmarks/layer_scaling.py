@@ -10,13 +10,12 @@ resident set follows the live tensors. Before running a case the parent estimate
 same kind's largest measured T: linearly for windowed layers, quadratically for full attention) and skips it when
 the estimate is above ``--budget-gib``.
 
-    OMP_NUM_THREADS=2 nice .venv/bin/python benchmarks/layer_scaling.py --out-dir benchmarks/results
+    OMP_NUM_THREADS=2 nice .venv/bin/python -m benchmarks.layer_scaling --out-dir benchmarks/results
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -28,9 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from bench_common import (
+
+from benchmarks.common import (
     GIB,
     LoadSampler,
+    add_shape_args,
     append_jsonl,
     machine_info,
     peak_rss,
@@ -39,87 +40,11 @@ from bench_common import (
     run_worker,
     timed_repeats,
 )
+from benchmarks.layer_builder import available_kinds, build
 
 HERE = Path(__file__).resolve()
 DEFAULT_LENGTHS = "1024,2048,3072,4096,8192,12288,16384,32768"
 QUADRATIC = {"full"}
-
-
-def available_kinds() -> list[str]:
-    """The kinds measured by default: fairseq's full attention, the sliding window, the kinds with K-Means clusters
-    (Cluster-Former) in both causality modes and every other kind of ``layers.kinds`` in strict mode (``--kinds
-    lsh-paper`` and the like add the rest); with ``--window-merge`` support, the sliding window and the paper-mode
-    Cluster-Former again with attention-only merging (suffix ``:attention``; strict mode's band windows do not
-    overlap, so it has nothing to merge)."""
-    from fairseq_clusterformer.layers.kinds import KINDS, LongRangePlan
-    from fairseq_clusterformer.layers.settings import CAUSALITY_CHOICES, LayerSettings
-
-    kinds = ["full", "window"]
-    for name, kind in KINDS.items():
-        kinds += [f"{name}-{mode}" for mode in CAUSALITY_CHOICES] if kind.uses_clusters else [f"{name}-strict"]
-    if "window_merge" in _field_names(LayerSettings) | _field_names(LongRangePlan):
-        kinds += [f"{k}:attention" for k in ("window", "cluster-paper") if k in kinds]
-    return kinds
-
-
-def _field_names(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
-
-
-def _filtered(cls, **values):
-    """Build dataclass ``cls`` from the values it has fields for (the plan's fields grow as layers are added)."""
-    names = _field_names(cls)
-    return cls(**{k: v for k, v in values.items() if k in names})
-
-
-def build(kind: str, args) -> torch.nn.Module:
-    if kind == "full":
-        from fairseq.models.transformer import TransformerConfig
-        from fairseq.modules.transformer_layer import TransformerDecoderLayerBase
-
-        cfg = TransformerConfig()
-        cfg.decoder.embed_dim, cfg.decoder.ffn_embed_dim = args.dim, args.ffn
-        cfg.decoder.attention_heads, cfg.decoder.normalize_before = args.heads, True
-        cfg.dropout, cfg.attention_dropout, cfg.activation_dropout = args.dropout, args.attention_dropout, args.dropout
-        return TransformerDecoderLayerBase(cfg, no_encoder_attn=True)
-
-    from fairseq_clusterformer.layers.build import build_layer
-    from fairseq_clusterformer.layers.kinds import LongRangePlan
-    from fairseq_clusterformer.layers.settings import LayerSettings
-
-    base, _, merge = kind.partition(":")
-    merge = merge or "layer"
-    # "window-band": the sliding window as --sliding-windows band (each token and its l - 1 predecessors, one FFN
-    # pass per token), the pattern of benchmarks/gpu_check's FlexAttention reference
-    sliding = "band" if base == "window-band" else "overlap"
-    base = "window" if base == "window-band" else base
-    settings = _filtered(
-        LayerSettings,
-        embed_dim=args.dim,
-        ffn_dim=args.ffn,
-        heads=args.heads,
-        window_size=args.window,
-        window_stride=args.stride,
-        causal=True,
-        normalize_before=True,
-        dropout=args.dropout,
-        attention_dropout=args.attention_dropout,
-        activation_dropout=args.dropout,
-        window_merge=merge,
-        sliding_windows=sliding,
-    )
-    long_range, _, causality = base.partition("-")
-    plan = _filtered(
-        LongRangePlan,
-        layers=frozenset({1}),
-        kind="none" if long_range == "window" else long_range,
-        num_clusters=args.clusters,
-        causality=causality or "strict",
-        window_merge=merge,
-        band_groups=args.groups,
-        values=getattr(args, "long_range_values", "own"),  # benchmarks/gpu_check times --long-range-values next
-    )
-    return build_layer(1, settings, plan)
 
 
 def worker(args) -> dict:
@@ -238,7 +163,7 @@ def run_all(args) -> None:
                     with LoadSampler(every_s=2.0) as load:
                         start = time.perf_counter()
                         worker_args = [*common, "--kind", kind, "--length", str(t), "--repeats", str(repeats)]
-                        record.update(run_worker(HERE, worker_args, args.max_case_s * 3 + 120))
+                        record.update(run_worker("benchmarks.layer_scaling", worker_args, args.max_case_s * 3 + 120))
                         record["wall_s"] = time.perf_counter() - start
                     record.update(load.summary())
                 finally:
@@ -260,15 +185,7 @@ def parse_args(argv=None):
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     p.add_argument("--kinds", default="", help="comma-separated kinds (default: every kind this checkout builds)")
     p.add_argument("--lengths", default=DEFAULT_LENGTHS, help="comma-separated sequence lengths T")
-    p.add_argument("--dim", type=int, default=512)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--ffn", type=int, default=2048)
-    p.add_argument("--window", type=int, default=256, help="window size l")
-    p.add_argument("--stride", type=int, default=128, help="window stride m")
-    p.add_argument("--clusters", type=int, default=512, help="clusters (LSH: buckets) of the long-range layers")
-    p.add_argument("--groups", type=int, default=6, help="strict mode's groups of clusters (3,072 / (2 x 256) = 6)")
-    p.add_argument("--dropout", type=float, default=0.1, help="dropout and activation dropout of every layer")
-    p.add_argument("--attention-dropout", type=float, default=0.1)
+    add_shape_args(p)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3, help="timed passes per case below --long-from")
     p.add_argument("--long-repeats", type=int, default=3, help="timed passes per case from --long-from on")
@@ -280,7 +197,6 @@ def parse_args(argv=None):
     )
     p.add_argument("--jobs", type=int, default=1, help="cases run at once (one thread each; CPU time stays per case)")
     p.add_argument("--long-from", type=int, default=8192)
-    p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--clock",
         choices=("cpu", "wall"),
@@ -306,7 +222,7 @@ def main(argv=None) -> None:
     if not args.render_only:
         run_all(args)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    from layer_scaling_report import render
+    from benchmarks.layer_scaling_report import render
 
     render(args.out_dir, machine_info(), args)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from bench_common import MIB, markdown_table, read_jsonl
+from benchmarks.common import MIB, markdown_table, read_jsonl
 
 TIME_TARGETS = {"cluster-paper": 1.2, "cluster-strict": 1.35}  # x the window layer's time
 TARGET_LENGTHS = (3072, 12288)

@@ -6,14 +6,14 @@ Each (model, T) case runs in a fresh interpreter (``--worker``) that parses a re
 (``options.parse_args_and_arch``), builds the task, model, criterion and ``fairseq.trainer.Trainer`` from it, and
 times ``Trainer.train_step`` on consecutive batches of one T-token segment (batch 1) from the real data iterator:
 forward, backward, Adam update, and for Cluster-Former models the task's memory-bank hook. Peak memory is the
-worker's peak resident set above its footprint once the trainer was built (see ``bench_common``).
+worker's peak resident set above its footprint once the trainer was built (see ``common``).
 
 Models (``--models``): ``transformer_lm`` is fairseq's own full-attention LM of the same shape; the others are
 ``clusterformer_lm_enwik8`` with ``--long-range-layer`` set to the name's first part (``none`` = sliding window
 everywhere), ``-paper`` for ``--cluster-causality paper``, ``:attention`` for ``--window-merge attention``.
 The data are Tiny Shakespeare read as bytes (enwik8's format; enwik8 itself is not on this machine).
 
-    OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/model_throughput.py --dim 256 --lengths 3072
+    OMP_NUM_THREADS=1 nice .venv/bin/python -m benchmarks.model_throughput --dim 256 --lengths 3072
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import (
+
+from benchmarks.common import (
     GIB,
     MIB,
     LoadSampler,
@@ -135,7 +136,7 @@ def run_all(args) -> None:
     if not args.resume and results.exists():
         results.unlink()
     args.data = prepare_char_data(args.work_dir)
-    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)  # resident set tracks live tensors (see bench_common)
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)  # resident set tracks live tensors (see benchmarks/common.py)
     shape = {
         "layers": args.layers,
         "dim": args.dim,
@@ -178,7 +179,7 @@ def run_all(args) -> None:
                 with LoadSampler(every_s=5.0) as load:
                     start = time.perf_counter()
                     worker_args = [*map(str, forwarded), "--model", model, "--length", str(length)]
-                    record.update(run_worker(HERE, worker_args, args.timeout_s))
+                    record.update(run_worker("benchmarks.model_throughput", worker_args, args.timeout_s))
                     record["wall_s"] = time.perf_counter() - start
                 record.update(load.summary())
             record["command"] = "fairseq-train " + " ".join(train_command(model, length, args)[1:])

@@ -8,11 +8,11 @@ query blocks of Lq = m queries, each over Lk = l - 1 + m keys, query i's own key
 mask of the unsorted sequence (every token in one group). Each (op, T, dropout) case runs in a fresh interpreter
 (``--worker``): it builds the inputs and the mask, runs the warm-up passes, resets the peak, then runs the timed
 passes; the peak is the op's own memory (its activations, the gradients of q, k, next_v and own_v), not the
-inputs'. On CPU it is the peak resident set (``bench_common.reset_peak_rss``) with ``MALLOC_MMAP_THRESHOLD_``
+inputs'. On CPU it is the peak resident set (``common.reset_peak_rss``) with ``MALLOC_MMAP_THRESHOLD_``
 fixed, on CUDA ``torch.cuda.max_memory_allocated``.
 
-    OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/next_values.py
-    .venv/bin/python benchmarks/next_values.py --device cuda --out-name next_values_cuda
+    OMP_NUM_THREADS=1 nice .venv/bin/python -m benchmarks.next_values
+    .venv/bin/python -m benchmarks.next_values --device cuda --out-name next_values_cuda
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import (
+
+from benchmarks.common import (
     MIB,
     LoadSampler,
     append_jsonl,
@@ -170,7 +171,7 @@ def run_all(args) -> None:
                     start = time.perf_counter()
                     case = ["--op", op, "--length", str(t), "--dropout", str(p)]
                     record = {"op": op, "length": t, "dropout": p, "device": args.device}
-                    record.update(run_worker(HERE, [*common, *case], args.max_case_s))
+                    record.update(run_worker("benchmarks.next_values", [*common, *case], args.max_case_s))
                     record["wall_s"] = time.perf_counter() - start
                     record["load_1min"] = os.getloadavg()[0]
                     print(json.dumps(record), flush=True)

@@ -12,10 +12,10 @@ it:
   gathers it does not generate). The count is per compiled graph, so it does not depend on T (both lengths are
   counted to show it); a GPU build fuses a little differently from this CPU one.
 
-Layers are built as ``layer_scaling.py`` builds them (the same flags), with dropout 0, batch 1; FlexAttention has no
+Layers are built by ``layer_builder.py`` (``layer_scaling.py``'s flags), dropout 0, batch 1; FlexAttention has no
 backward pass on a CPU and is counted on a GPU only (``make gpu-check``'s ``layers`` part times it).
 
-    TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=1 nice .venv/bin/python benchmarks/ops_per_layer.py
+    TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) OMP_NUM_THREADS=1 nice .venv/bin/python -m benchmarks.ops_per_layer
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import append_jsonl, machine_info, markdown_table, read_jsonl
-from layer_scaling import build
-from layer_scaling import parse_args as layer_args
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.common import append_jsonl, machine_info, markdown_table, parse_shape_args, read_jsonl
+from benchmarks.layer_builder import build
 
 HERE = Path(__file__).resolve()
 KINDS = {"window": ("window", "own"), "cluster-strict": ("cluster-strict", "own")}
@@ -148,7 +148,7 @@ def main(argv=None) -> None:
     p.add_argument("--out-dir", type=Path, default=HERE.parent / "results")
     p.add_argument("--render-only", action="store_true", help="only write the table from the results file")
     own, rest = p.parse_known_args(argv)
-    args = layer_args([*rest, "--dropout", "0", "--attention-dropout", "0"])
+    args = parse_shape_args([*rest, "--dropout", "0", "--attention-dropout", "0"])
     out = own.out_dir / "ops_per_layer.jsonl"
     if out.exists() and not own.render_only:
         out.unlink()

@@ -1,13 +1,13 @@
 """Where one layer's forward+backward time goes, against what this machine can do: why a layer misses a time target.
 
-T = tokens, C = channels. Builds layers exactly as ``layer_scaling.py`` does (same flags), runs one warm-up and one
+T = tokens, C = channels. Builds layers by ``layer_builder.py`` (``layer_scaling.py``'s flags), runs a warm-up and one
 profiled forward+backward pass per kind under ``torch.profiler`` (one thread), and writes per operator: calls, self
 time (the profiler's wall clock, scaled so that the pass adds up to its process CPU time), FLOPs (the profiler counts
 them for matrix products) and the bytes of the operator's inputs (4 bytes an element: an estimate of the traffic,
 outputs and re-reads not counted). The floor of every operator is its FLOPs at this machine's measured float32
 matmul rate plus its bytes at the measured copy bandwidth; the table shows how far each is from it.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/profile_layer.py --kinds window,cluster-strict --length 3072
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.profile_layer --kinds window,cluster-strict --length 3072
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import markdown_table, matmul_gflops
-from layer_scaling import build
-from layer_scaling import parse_args as layer_args
 from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.common import markdown_table, parse_shape_args
+from benchmarks.layer_builder import build
+from fairseq_clusterformer.ops.precision import matmul_gflops
 
 HERE = Path(__file__).resolve()
 
@@ -102,8 +103,8 @@ def main(argv=None) -> None:
     p.add_argument("--top", type=int, default=12, help="operators listed per kind")
     p.add_argument("--out", type=Path, default=HERE.parent / "results" / "profile.md")
     own, rest = p.parse_known_args(argv)
-    args = layer_args(rest)
-    gflops, gbps = matmul_gflops(), copy_gbps()
+    args = parse_shape_args(rest)
+    gflops, gbps = matmul_gflops(torch.float32, 2048, 10), copy_gbps()
     sections = [
         f"Measured on this machine just before profiling (one thread): float32 matmul {gflops:.0f} GFLOP/s "
         f"(2048 x 2048), copy bandwidth {gbps:.1f} GB/s. Layer: dim {args.dim}, {args.heads} heads, FFN {args.ffn}, "

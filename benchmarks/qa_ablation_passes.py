@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from bench_common import cpu_model
 
-from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval
+from benchmarks.common import cpu_model
+from benchmarks.qa_report.paired_bootstrap import bootstrap_interval
+from benchmarks.qa_report.table import METRICS, per_question
 from fairseq_clusterformer.qa.scripts.predict import load
-from fairseq_clusterformer.qa.scripts.table import METRICS, per_question
 
 
 def add_common_args(parser: argparse.ArgumentParser, path_help: str) -> None:

@@ -1,7 +1,7 @@
 """The budget series' report: EM of each variant against the updates it trained (one line a seed), and for every run
 with a cluster ablation its three passes beside `none`'s score on the same questions.
 
-    python benchmarks/qa_budget_report.py --results none=benchmarks/results/qa_pretrained/cpu_reduced \
+    python -m benchmarks.qa_budget_report --results none=benchmarks/results/qa_pretrained/cpu_reduced \
         benchmarks/results/qa_pretrained/cpu_paired benchmarks/results/qa_pretrained/cpu_budget \
         --variants none,cluster-layer6 --squad examples/data/squad/dev-v1.1.json --held-out-from 40 \
         --figure benchmarks/results/qa_pretrained/cpu_budget/budget.png \
@@ -24,7 +24,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fairseq_clusterformer.qa.scripts.table import held_out_gold, per_question
+from benchmarks.qa_report.table import held_out_gold, per_question
 
 
 def load_runs(entries: list[str], variants: list[str]) -> dict[tuple[str, int, int], dict]:

@@ -3,7 +3,7 @@ the groups as trained (Cluster-Former's nearest centroids, LSH's buckets); each 
 of the same sizes (a seeded shuffle of the assignment within each sequence); and the identity order (every token in
 one group: the stable sort keeps the original positions, and the layer attends over windows of neighbours).
 
-    python benchmarks/qa_cluster_ablation.py data-bin/qa/budget/squad_article/bin \
+    python -m benchmarks.qa_cluster_ablation data-bin/qa/budget/squad_article/bin \
         --path data-bin/qa/budget/article_cluster-layer6-bf16-attdrop0_seed1/checkpoint_last.pt \
         --max-examples 300 --cpu --autocast-bf16 --json cluster_ablation.json
 
@@ -21,9 +21,9 @@ import argparse
 import types
 
 import torch
-from qa_ablation_passes import add_common_args, check_common_args, load_model, run_passes
 from torch import Tensor
 
+from benchmarks.qa_ablation_passes import add_common_args, check_common_args, load_model, run_passes
 from fairseq_clusterformer.layers.sorted_window import SortedWindowLayer
 
 

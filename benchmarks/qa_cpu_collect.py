@@ -1,8 +1,8 @@
 """Collect one finished run of examples/qa/cpu_pretrained.sh into a results folder that
-``python -m fairseq_clusterformer.qa.scripts.table`` reads (the layout of benchmarks/qa_device's results), so that CPU
+``python -m benchmarks.qa_report.table`` reads (the layout of benchmarks/qa_device's results), so that CPU
 runs, committed one at a time over several sessions, give table b's rows and paired intervals.
 
-    python benchmarks/qa_cpu_collect.py data-bin/qa/reduced/article_cluster-hybrid-bf16-attdrop0_seed1 \
+    python -m benchmarks.qa_cpu_collect data-bin/qa/reduced/article_cluster-hybrid-bf16-attdrop0_seed1 \
         --results benchmarks/results/qa_pretrained/cpu_reduced [--reach reach.json] [--ablation cluster_ablation.json] \
         [--train-seconds 2130]
 
@@ -29,10 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench_common import cpu_model
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "qa_device"))
-from runs import VARIANTS  # noqa: E402  (benchmarks/qa_device/runs.py: the row names of table b)
+from benchmarks.common import cpu_model
+from benchmarks.qa_device.runs import VARIANTS  # the row names of table b
 
 # fairseq-train flag -> (settings key, type)
 FLAGS = {

@@ -2,7 +2,7 @@
 long-range gates as trained and with every gate set to 0 (the hybrid layers then compute exactly their pretrained
 sliding-window attention), on the split's first --max-examples questions.
 
-    python benchmarks/qa_gate_ablation.py data-bin/qa/reduced/squad_article/bin \
+    python -m benchmarks.qa_gate_ablation data-bin/qa/reduced/squad_article/bin \
         --path data-bin/qa/reduced/article_cluster-hybrid-bf16-attdrop0_seed1/checkpoint_last.pt \
         --max-examples 300 --cpu --autocast-bf16 --json gate_ablation.json
 
@@ -20,11 +20,11 @@ import json
 import time
 
 import torch
-from bench_common import cpu_model
-from qa_ablation_passes import add_common_args, answer, check_common_args, load_model
 
-from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval
-from fairseq_clusterformer.qa.scripts.table import METRICS, per_question
+from benchmarks.common import cpu_model
+from benchmarks.qa_ablation_passes import add_common_args, answer, check_common_args, load_model
+from benchmarks.qa_report.paired_bootstrap import bootstrap_interval
+from benchmarks.qa_report.table import METRICS, per_question
 
 
 def get_parser() -> argparse.ArgumentParser:

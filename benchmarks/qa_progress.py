@@ -1,10 +1,10 @@
 """The progress record of a run longer than one sitting: what a later session needs to continue it exactly, or to
 know that it must start it again.
 
-    python benchmarks/qa_progress.py record RUN --updates 1400 \
+    python -m benchmarks.qa_progress record RUN --updates 1400 \
         --command "env ... bash examples/qa/cpu_pretrained.sh ..." \
         --record benchmarks/results/qa_pretrained/cpu_budget/progress/RUN_NAME.json
-    python benchmarks/qa_progress.py check RUN --record benchmarks/results/.../RUN_NAME.json
+    python -m benchmarks.qa_progress check RUN --record benchmarks/results/.../RUN_NAME.json
 
 A run of examples/qa/cpu_pretrained.sh resumes from RUN/checkpoint_last.pt with the same command (fairseq restores
 the weights, the optimizer, the data order and the random state; the plug-in its centroids, banks and refresh
@@ -31,8 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_common import cpu_model
-
+from benchmarks.common import cpu_model
 from fairseq_clusterformer.ops.precision import matmul_rates
 from fairseq_clusterformer.qa.hf.weights import sha256 as file_sha256
 

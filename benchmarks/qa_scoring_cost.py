@@ -2,7 +2,7 @@
 answer decoding on one batch of the first questions of every article of a split, per article, extrapolated to every
 question of the split (the prediction script batches the questions by length, so a batch holds one article's).
 
-    OMP_NUM_THREADS=1 python benchmarks/qa_scoring_cost.py DATA_BIN --path CHECKPOINT [--per-article 8] \
+    OMP_NUM_THREADS=1 python -m benchmarks.qa_scoring_cost DATA_BIN --path CHECKPOINT [--per-article 8] \
         [--batch-size 8] [--autocast-bf16] [--json cost.json]
 
 The model is loaded as qa-predict loads it, on the CPU; one untimed pass over a single question warms the allocator

@@ -1,7 +1,7 @@
 """The work one layer's forward+backward does, counted on a CPU: why a layer is slower than FlexAttention's sliding
 window once a GPU is no longer launch-bound (T = 32,768; ``docs/gpu_speed.md``, "The 32k gap").
 
-Per kind (built as ``layer_scaling.py`` builds them, dropout 0, fp32, B = 1): the matrix-product FLOPs
+Per kind (built by ``layer_builder.py``, dropout 0, fp32, B = 1): the matrix-product FLOPs
 (``torch.utils.flop_counter``; the attention's own products are left out, as SDPA on a CPU is not counted), the
 bytes every ATen op writes (eager, so before any fusion: an upper bound of the traffic) and of them the bytes of the
 ops that only move data (gathers, their backward scatter-adds, cat, stack, where); the reference is
@@ -9,7 +9,7 @@ ops that only move data (gathers, their backward scatter-adds, cat, stack, where
 FlexAttention's block lists at each T: the key blocks of 128 the Cluster-Former band touches (``ops.flex_windows``)
 against those of ``create_block_mask`` of the reference's band (partial and full).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/work_per_layer.py --length 3072 --mask-lengths 4096,32768
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.work_per_layer --length 3072 --mask-lengths 4096,32768
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import argparse
 import collections
 
 import torch
-from gpu_check.reference_attention import BandAttentionLayer
-from layer_scaling import build
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
+
+from benchmarks.gpu_check.reference_attention import BandAttentionLayer
+from benchmarks.layer_builder import build
 
 KINDS = ("reference", "window", "window:attention", "window-band", "cluster-strict", "cluster-paper")
 MOVES = ("gather", "scatter", "index", "cat", "stack", "where")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-run the paper's Table 3 (language modelling) at a chosen scale: every row through the real fairseq-train and
-# fairseq-eval-lm, into one markdown table. A thin wrapper of fairseq_clusterformer.scripts.lm.compare_lm.
+# fairseq-eval-lm, into one markdown table. A thin wrapper of benchmarks.lm_compare.compare.
 set -euo pipefail
 
 usage() {
@@ -34,7 +34,7 @@ default_python=python
 python="${PYTHON:-$default_python}"
 command -v "$python" >/dev/null || { echo "compare.sh: $python not found: set PYTHON" >&2; exit 2; }
 
-# compare_lm's own parser reads and checks every flag; this only picks the default --work of the preset, read as that
+# the driver's own parser reads and checks every flag; this only picks the default --work of the preset, read as that
 # parser reads it (also --preset=X, and an abbreviation such as --pre X). The default goes first, so that any --work
 # the user gives, in any of its forms, comes later and wins.
 preset=small
@@ -45,4 +45,5 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --p=* | --pr=* | --pre=* | --pres=* | --prese=* | --preset=*) preset="${args[i]#*=}" ;;
   esac
 done
-exec "$python" -m fairseq_clusterformer.scripts.lm.compare_lm --work "compare-work/$preset" "$@"
+# python -m finds benchmarks/ in the repository, from whatever directory this runs
+PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" exec "$python" -m benchmarks.lm_compare.compare --work "compare-work/$preset" "$@"

@@ -1,7 +1,7 @@
 # What examples/{wikitext103,enwik8}/{train,eval}.sh have in common: sourced by them, never run. The caller sets
 # recipe (wikitext103|enwik8), level (word|char, the preset's level), default_data, about (a line on what it trains
 # or scores) and, for eval.sh, metric (perplexity|bpc), then calls train_main or eval_main with its arguments.
-# The settings of every preset come from fairseq_clusterformer/scripts/lm/compare_presets.py, the file that
+# The settings of every preset come from fairseq_clusterformer/scripts/lm/presets.py, the file that
 # examples/compare.sh runs too: the recipes and the comparison cannot drift apart.
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,12 +24,12 @@ parse_recipe_args() {
   recipe_parse "$@"
   positional=(${RECIPE_ARGS[@]+"${RECIPE_ARGS[@]}"})
   recipe_env int "${ints[@]}"
-  # tiny: smoke's old name, which compare_presets.py still takes (saying so on stderr)
+  # tiny: smoke's old name, which presets.py still takes (saying so on stderr)
   case "$preset" in paper|small|smoke|tiny) ;; *) die "--preset must be paper, small or smoke, got '$preset'" ;; esac
   # preset_<setting>=<value> for every setting of the preset at this recipe's level, and preset_name
   local values
-  values="$("${PYTHON:-python}" "$repo/fairseq_clusterformer/scripts/lm/compare_presets.py" --preset "$preset" \
-    --level "$level" --shell)" || die "could not read the $preset preset from compare_presets.py (set PYTHON?)"
+  values="$("${PYTHON:-python}" "$repo/fairseq_clusterformer/scripts/lm/presets.py" --preset "$preset" \
+    --level "$level" --shell)" || die "could not read the $preset preset from presets.py (set PYTHON?)"
   eval "$values"
   preset="$preset_name"
 }
@@ -43,7 +43,7 @@ options_help() {
   --dry-run   print the command and exit
   -h, --help  this text
 
-The presets' values are those of examples/compare.sh (fairseq_clusterformer/scripts/lm/compare_presets.py, read
+The presets' values are those of examples/compare.sh (fairseq_clusterformer/scripts/lm/presets.py, read
 with \$PYTHON, default python); --dry-run prints the command they make.
 
 USAGE

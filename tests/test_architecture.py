@@ -118,3 +118,10 @@ def test_the_drawing_names_every_room():
         r for r in rooms if r != "__init__" and f"`{r.replace('.', '/')}/`" not in page and f"`{r}.py`" not in page
     )
     assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_the_package_imports_nothing_of_the_experiments():
+    # benchmarks/ (the measurements and the experiments' reports) uses the package; the package never uses it
+    for module, path in MODULES.items():
+        outside = [name for name in imports(path) if name.split(".")[0] == "benchmarks"]
+        assert not outside, f"{module} imports {outside}: the experiments live in benchmarks/, outside the package"

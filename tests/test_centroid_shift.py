@@ -134,7 +134,7 @@ OLD_LM = REPO / "tests" / "data" / "old_checkpoints" / "lm" / "checkpoint_last.p
 
 
 def centroid_shift(checkpoint, *args):
-    script = [sys.executable, REPO / "benchmarks" / "centroid_shift.py", checkpoint, *args]
+    script = [sys.executable, "-m", "benchmarks.centroid_shift", checkpoint, *args]
     return subprocess.run(script, capture_output=True, text=True, cwd=REPO, timeout=300)
 
 

@@ -10,9 +10,10 @@ import sys
 import pytest
 from fairseq import options
 
+from benchmarks.lm_compare import compare as compare_lm
+from benchmarks.lm_compare import data as compare_data
 from fairseq_clusterformer.layers.kinds import long_range_choices
-from fairseq_clusterformer.scripts.lm import compare_data, compare_lm
-from fairseq_clusterformer.scripts.lm.compare_presets import PRESETS, ROWS, train_args
+from fairseq_clusterformer.scripts.lm.presets import PRESETS, ROWS, train_args
 from tests.conftest import PACKAGE, REPO, SLICE
 
 CHARS = REPO / "examples" / "data" / "tinyshakespeare-slice"
@@ -69,7 +70,7 @@ def test_evaluation_text_is_cut_between_articles():
 
 def run_compare(work, *args):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    command = [sys.executable, "-m", "fairseq_clusterformer.scripts.lm.compare_lm", "--preset", "smoke", "--work", work]
+    command = [sys.executable, "-m", "benchmarks.lm_compare.compare", "--preset", "smoke", "--work", work]
     proc = subprocess.run(
         [*command, "--threads", "1", *map(str, args)],
         env=env,

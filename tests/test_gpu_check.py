@@ -53,7 +53,7 @@ def read(out: Path, part: str) -> tuple[dict, str]:
 
 def test_every_part_runs_and_names_the_device_in_every_file(gpu_check):
     out, proc, recipe = gpu_check
-    assert "benchmarks/gpu_check" in recipe and "--out" in recipe
+    assert "-m benchmarks.gpu_check" in recipe and "--out" in recipe
     assert proc.returncode == 0, f"{recipe}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["parts"]) == PARTS
@@ -116,7 +116,8 @@ def test_a_cpu_run_refuses_to_write_the_committed_gpu_results(tmp_path):
     proc = subprocess.run(
         [
             sys.executable,
-            "benchmarks/gpu_check",
+            "-m",
+            "benchmarks.gpu_check",
             "--device",
             "cpu",
             "--out",
@@ -135,10 +136,7 @@ def test_a_cpu_run_refuses_to_write_the_committed_gpu_results(tmp_path):
 
 def benchmark_module(name: str):
     """A module of benchmarks/ (the driver is ``gpu_check.__main__``), for its size choice and estimates."""
-    benchmarks = str(REPO / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.insert(0, benchmarks)
-    return importlib.import_module(name)
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 def test_the_budget_run_fits_the_device_call_and_a_long_budget_keeps_the_full_sizes():
@@ -166,7 +164,7 @@ def test_the_budget_run_fits_the_device_call_and_a_long_budget_keeps_the_full_si
 def test_a_spent_budget_skips_every_part_without_failing(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_check", "--device", "cpu", "--budget-minutes", "0", "--out", str(out)]
+        [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--budget-minutes", "0", "--out", str(out)]
         + ["--work-dir", str(tmp_path / "work")],
         cwd=REPO,
         capture_output=True,
@@ -182,7 +180,7 @@ def test_a_spent_budget_skips_every_part_without_failing(tmp_path):
         assert json.loads((out / f"{part}.json").read_text())["status"] == "skipped"
     assert "0 of 6 parts ok, 6 skipped" in proc.stdout
     # without --device cpu a spent budget is not a dry run the user asked for: refused, naming the flag
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check", "--budget-minutes", "0", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--budget-minutes", "0", "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 2 and "--budget-minutes 0: every part would be skipped" in proc.stderr, proc.stderr
 
@@ -210,7 +208,7 @@ def test_device_run_is_one_short_command_and_packs_its_results(tmp_path):
 @pytest.mark.parametrize("size", ["tiny", "budget", "full"])
 def test_every_train_schedule_stops_while_a_refresh_is_in_flight(size, tmp_path):
     """The stop/resume check only means something if a K-Means job started before the stop installs after it."""
-    common = benchmark_module("gpu_check.common")
+    common = benchmark_module("gpu_check.context")
     train = benchmark_module("gpu_check.part_train")
     ctx = common.Context(tmp_path, tmp_path, train.torch.device("cpu"), size == "tiny", {}, size)
     args, updates, stop = train.schedule(ctx)

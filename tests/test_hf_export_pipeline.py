@@ -6,12 +6,11 @@ qa-ask's: the same text, character span and score."""
 
 import importlib
 import json
-import sys
 
 import pytest
 
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
-from tests.conftest import REPO, run_ok, subprocess_env
+from tests.conftest import run_ok, subprocess_env
 from tests.test_hf_export import binarize_hf
 from tests.test_qa_end_to_end import TRAIN
 
@@ -19,10 +18,7 @@ pytestmark = pytest.mark.e2e
 
 
 def export_check():
-    benchmarks = str(REPO / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.insert(0, benchmarks)
-    return importlib.import_module("hf_export_check")
+    return importlib.import_module("benchmarks.hf_export_check")
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,13 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
-import sys
 from argparse import Namespace
 
 from tests.conftest import REPO
 
 
 def report_module():
-    benchmarks = str(REPO / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.insert(0, benchmarks)
-    return importlib.import_module("kmeans_report")
+    return importlib.import_module("benchmarks.kmeans_report")
 
 
 def test_the_committed_table_re_renders_with_its_own_machine_line(tmp_path):

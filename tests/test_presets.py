@@ -1,4 +1,4 @@
-"""One source for the LM presets: examples/{wikitext103,enwik8}/{train,eval}.sh run exactly what compare_presets.py
+"""One source for the LM presets: examples/{wikitext103,enwik8}/{train,eval}.sh run exactly what presets.py
 says (the settings compare.sh runs), the small preset is the one the measured tables ran, the paper preset
 describes its named architectures truthfully, docs/usage.md's table shows what the file defines, and the renamed
 preset's old name still runs."""
@@ -11,14 +11,14 @@ import sys
 import pytest
 from fairseq import options
 
-from fairseq_clusterformer.scripts.lm import compare_presets
-from fairseq_clusterformer.scripts.lm.compare_presets import PRESETS, recipe_row, train_args
+from fairseq_clusterformer.scripts.lm import presets
+from fairseq_clusterformer.scripts.lm.presets import PRESETS, recipe_row, train_args
 from tests.conftest import PACKAGE, REPO
 from tests.test_recipes import parse_dry_run, script, script_ok
 
 RECIPES = {"wikitext103": "word", "enwik8": "char"}
 CASES = [(preset, recipe) for preset in sorted(PRESETS) for recipe in RECIPES]
-# how a run is driven, not what it trains: compare_lm validates and saves once at the end into its own folders
+# how a run is driven, not what it trains: the comparison validates and saves once at the end into its own folders
 RUN_CONTROL = {"data", "save_dir", "num_workers", "validate_interval", "save_interval", "no_epoch_checkpoints"}
 MEASURED = REPO / "benchmarks" / "results" / "compare-small-seeds" / "results.md"
 USAGE = REPO / "docs" / "usage.md"
@@ -96,7 +96,7 @@ def test_small_recipe_trains_what_the_measured_table_ran(recipe):
     assert ours.cluster_update_interval == measured.cluster_update_interval == 50
 
 
-@pytest.mark.parametrize("level", sorted(compare_presets.LEVELS))
+@pytest.mark.parametrize("level", sorted(presets.LEVELS))
 def test_paper_preset_states_the_size_of_its_named_architecture(level, tmp_path):
     """The paper preset leaves the model's size to clusterformer_lm_wiki103 / _enwik8: its own numbers must agree."""
     scale = PRESETS["paper"][level]
@@ -151,7 +151,7 @@ def test_the_old_name_of_the_smoke_preset_still_runs_it(recipe):
 
 def run_presets(*args):
     proc = subprocess.run(
-        [sys.executable, str(PACKAGE / "scripts" / "lm" / "compare_presets.py"), *args],
+        [sys.executable, str(PACKAGE / "scripts" / "lm" / "presets.py"), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
     )  # fmt: skip
     return proc.returncode, proc.stdout

@@ -6,23 +6,19 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.qa.scripts.table import held_out_gold
+from benchmarks.qa_report.table import held_out_gold
 from tests.conftest import REPO
 
 SQUAD = REPO / "examples" / "data" / "squad" / "dev-v1.1.json"
 
 
 def report_module():
-    benchmarks = str(REPO / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.insert(0, benchmarks)
-    return importlib.import_module("qa_budget_report")
+    return importlib.import_module("benchmarks.qa_budget_report")
 
 
 def scored_run(results: Path, variant: str, seed: int, updates: int, right: int, questions: list, gold: dict) -> Path:

@@ -20,14 +20,9 @@ from tests.data.qa_model.synthetic import shared_data
 from tests.layer_kinds import make
 from tests.test_qa_reach import train
 
-SCRIPT = REPO / "benchmarks" / "qa_cluster_ablation.py"
-
 
 def ablation():
-    benchmarks = str(REPO / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.insert(0, benchmarks)
-    return importlib.import_module("qa_cluster_ablation")
+    return importlib.import_module("benchmarks.qa_cluster_ablation")
 
 
 def sample_ids(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,9 +80,10 @@ def test_an_ablated_cluster_layer_runs_the_windows_of_its_new_order(how):
 def test_script_scores_three_passes_of_a_trained_checkpoint(tmp_path_factory, tmp_path):
     qa_data = shared_data(tmp_path_factory)
     checkpoint = train(qa_data, tmp_path_factory, "cluster")
-    script = [sys.executable, SCRIPT, qa_data, "--cpu", "--max-examples", "20", "--batch-size", "3"]
+    script = [sys.executable, "-m", "benchmarks.qa_cluster_ablation", qa_data, "--cpu", "--max-examples", "20",
+              "--batch-size", "3"]  # fmt: skip
     proc = subprocess.run([*script, "--path", checkpoint, "--json", tmp_path / "a.json"], capture_output=True,
-                          text=True)  # fmt: skip
+                          text=True, cwd=REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "a.json").read_text())
     assert report["questions"] == 20 and report["kinds"] == ["cluster"] and report["reference"] == "trained"

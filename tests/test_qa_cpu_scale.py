@@ -1,21 +1,25 @@
 """The CPU-scale QA path: paragraph-level SQuAD on the committed dev set, the trivial baselines (checked on a split
 small enough to score by hand), the masked-LM pretraining text and examples/qa/cpu_recipe.sh's commands."""
 
+import importlib.util
 import json
 import random
 import subprocess
 
 import pytest
 
+from benchmarks.qa_report import baselines as qa_baselines
 from fairseq_clusterformer.qa.data.records import QARecord
-from fairseq_clusterformer.qa.scripts import baselines as qa_baselines
-from fairseq_clusterformer.qa.scripts import mlm_text as qa_mlm_text
 from tests.conftest import REPO, subprocess_env
 from tests.test_qa_convert import SQUAD, convert
 
 SQUAD_DEV = REPO / "examples" / "data" / "squad" / "dev-v1.1.json"
 BPE = REPO / "examples" / "data" / "gpt2_bpe"
 RECIPE = REPO / "examples" / "qa" / "cpu_recipe.sh"
+# the recipe's own script beside it, loaded from its file as the recipe runs it
+_spec = importlib.util.spec_from_file_location("qa_mlm_text", REPO / "examples" / "qa" / "mlm_text.py")
+qa_mlm_text = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(qa_mlm_text)
 
 
 def test_paragraph_contexts_of_the_committed_squad_dev_set(tmp_path):
@@ -165,16 +169,16 @@ def test_cpu_recipe_help_and_dry_run(tmp_path):
         assert "--encoder-embed-dim 64 --encoder-ffn-embed-dim 256" in line and "--max-positions 256" in line
     assert any("--split-dev 40 --contexts paragraph" in line for line in lines)
     # the masked-LM text never reads the held-out articles
-    assert any("qa.scripts.mlm_text" in line and "--articles 0:40" in line for line in lines)
+    assert any("qa/mlm_text.py" in line and "--articles 0:40" in line for line in lines)
     assert sum("qa.scripts.predict" in line for line in lines) == 3
-    scoring = next(line for line in lines if "qa.scripts.baselines" in line)
+    scoring = next(line for line in lines if "qa_report.baselines" in line)
     assert all(f"--predictions {name}=" in scoring for name in ("qa_scratch_seed1", "qa_mlm_seed3", "qa_mlm_seed4"))
     # with --roberta: no pretraining, the fine-tunings start from that directory
     roberta = tmp_path / "roberta"
     roberta.mkdir()
     (roberta / "model.pt").write_bytes(b"")
     lines = recipe("--dry-run", "--out", tmp_path / "out2", "--roberta", roberta).stdout.splitlines()
-    assert not any("masked_lm" in line or "qa.scripts.mlm_text" in line for line in lines)
+    assert not any("masked_lm" in line or "mlm_text.py" in line for line in lines)
     assert sum(f"ROBERTA={roberta} " in line for line in lines) == 2
     proc = recipe("--data", tmp_path, "--dry-run")
     assert proc.returncode == 2 and "--data" in proc.stderr

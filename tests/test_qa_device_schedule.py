@@ -1,15 +1,11 @@
 """benchmarks/qa_device/schedule.py's decisions, on a clock the test sets: stand-in runs are `sleep` processes whose
 training logs the test writes (`num_updates=N`, as fairseq's do)."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "benchmarks" / "qa_device"))
-from schedule import Controller, RunState, launch  # noqa: E402
+from benchmarks.qa_device.schedule import Controller, RunState, launch
 
 T0 = 1000.0
 

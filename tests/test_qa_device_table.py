@@ -13,12 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, subprocess_env
-from tests.recipe_runs import snapshot
-from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
-
-sys.path.insert(0, str(REPO / "benchmarks" / "qa_device"))
-from runs import (  # noqa: E402
+from benchmarks.qa_device.runs import (
     DEFAULT_KINDS,
     REACH_QUESTIONS,
     VARIANTS,
@@ -29,6 +24,9 @@ from runs import (  # noqa: E402
     reach_command,
     train_command,
 )
+from tests.conftest import REPO, subprocess_env
+from tests.recipe_runs import snapshot
+from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
 
 ENV = subprocess_env(OMP_NUM_THREADS="1")
 OUT_LIMITS = dict(files=8, bytes=16 * 2**20, depth=2)  # the device tool's: files back from $OUT
@@ -149,7 +147,7 @@ def test_a_call_whose_budget_ends_stops_its_runs_and_still_packs(payload, tmp_pa
 def test_a_tiny_run_never_writes_into_the_committed_results(tmp_path):
     committed = REPO / "benchmarks/results/qa_pretrained/device"  # the GPU's results, committed
     before = snapshot(committed)
-    proc = subprocess.run([sys.executable, REPO / "benchmarks/qa_device", "--payload", tmp_path, "--work", tmp_path,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.qa_device", "--payload", tmp_path, "--work", tmp_path,
                            "--results", REPO / "benchmarks/results/qa_pretrained/device", "--stop-at", "0", "--tiny"],
                           capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120)  # fmt: skip
     assert proc.returncode != 0 and "a --tiny run does not write into benchmarks/results/" in proc.stderr
@@ -195,7 +193,7 @@ def test_the_variants_commands_say_their_mode_layers_and_reach_subset(tmp_path):
                                                                        "cluster-layer5"]  # fmt: skip
     assert "ablation_questions" not in Run("article", "cluster", 1).settings(tiny=False)
     measure = measure_command(Run("article", "cluster-layer6", 1), paths, False, tmp_path / "run")[2]
-    assert measure.index("qa.scripts.reach") < measure.index("qa_cluster_ablation.py")
+    assert measure.index("qa.scripts.reach") < measure.index("-m benchmarks.qa_cluster_ablation")
     assert f"--max-examples {REACH_QUESTIONS} " in measure and "test -s" in measure.split(";")[-1]
     assert "qa_cluster_ablation" not in measure_command(Run("article", "lsh-layer6", 1), paths, False, tmp_path)[2]
     with pytest.raises(ValueError, match="--kinds: 'cluster-hybird'"):

@@ -224,7 +224,7 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     assert proc.returncode == 0, proc.stderr
     seconds = json.loads((tmp_path / "older" / "article_cluster_seed3" / "summary.json").read_text())["seconds"]
     assert (seconds["predict_wall"], seconds["predict_cpu"]) == (4971, None)
-    table = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", results, "--squad",
+    table = [sys.executable, "-m", "benchmarks.qa_report.table", "--results", results, "--squad",
              data / "dev-v1.1.json", "--held-out-from", "2"]  # fmt: skip
     proc = subprocess.run(table, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr

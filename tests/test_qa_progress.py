@@ -15,7 +15,6 @@ import torch
 
 from tests.conftest import REPO, subprocess_env
 
-SCRIPT = REPO / "benchmarks" / "qa_progress.py"
 COMMAND = "env KIND=cluster UPDATES=10 bash examples/qa/cpu_pretrained.sh --contexts article --out /x"
 
 
@@ -29,8 +28,8 @@ def save(run: Path, updates: int, weight: float = 0.0) -> Path:
 
 
 def progress(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, SCRIPT, *map(str, args)], capture_output=True, text=True,
-                          env=subprocess_env(OMP_NUM_THREADS="1"), timeout=120)  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "benchmarks.qa_progress", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO, env=subprocess_env(OMP_NUM_THREADS="1"), timeout=120)  # fmt: skip
 
 
 def test_record_then_continue_restart_or_finish(tmp_path):

@@ -214,8 +214,9 @@ def test_gate_ablation_scores_as_trained_and_with_the_gates_closed(reports, qa_d
     hybrid = Path(reports["hybrid"][0]["checkpoint"])
     opened = with_gates(hybrid, tmp_path / "opened.pt", 1.0 / GATE_GAIN)
     closed = with_gates(hybrid, tmp_path / "closed.pt", 0.0)
-    script = [sys.executable, REPO / "benchmarks" / "qa_gate_ablation.py", qa_data, "--cpu", "--max-examples", "24"]
-    proc = subprocess.run([*script, "--path", opened, "--json", tmp_path / "a.json"], capture_output=True, text=True)
+    script = [sys.executable, "-m", "benchmarks.qa_gate_ablation", qa_data, "--cpu", "--max-examples", "24"]
+    proc = subprocess.run([*script, "--path", opened, "--json", tmp_path / "a.json"], capture_output=True, text=True,
+                          cwd=REPO)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "a.json").read_text())
     assert report["questions"] == 24

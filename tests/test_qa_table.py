@@ -1,5 +1,5 @@
-"""The paired bootstrap (qa/ops/paired_bootstrap.py) on cases computed by hand, and the table b report
-(qa/scripts/table.py) on prediction files whose scores are known question by question."""
+"""The paired bootstrap (benchmarks/qa_report/paired_bootstrap.py) on cases computed by hand, and the table b report
+(benchmarks/qa_report/table.py) on prediction files whose scores are known question by question."""
 
 import json
 import shutil
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval, paired_differences
+from benchmarks.qa_report.paired_bootstrap import bootstrap_interval, paired_differences
 from tests.conftest import REPO
 
 
@@ -100,7 +100,7 @@ def write_runs(root, em_of=None):
 
 
 def qa_table(*args):
-    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", *map(str, args)]
+    command = [sys.executable, "-m", "benchmarks.qa_report.table", *map(str, args)]
     return subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
 
 
@@ -135,7 +135,7 @@ def test_the_report_gives_each_kind_its_seeds_and_the_paired_interval(tmp_path):
 def test_the_paired_entry_gives_each_seeds_own_difference():
     """Seeds that disagree: seed 1 gains 2 of 4 questions, seed 2 loses 1; the mean over the seeds hides that, the
     per-seed differences show it, in the order of the seeds."""
-    from fairseq_clusterformer.qa.scripts.table import paired
+    from benchmarks.qa_report.table import paired
 
     def run(kind, seed, right):
         scores = np.array([100.0 * (q < right) for q in range(4)])  # the first `right` questions answered

@@ -10,9 +10,9 @@ import pytest
 import torch
 from fairseq.data import Dictionary
 
+from benchmarks.qa_device.cut_vocab import data_arg
 from fairseq_clusterformer.qa.data.binarized import QABinarizedSplit
 from fairseq_clusterformer.qa.pretrained import EMBED_KEY
-from fairseq_clusterformer.qa.scripts.cut_vocab import data_arg
 from tests.conftest import REPO, run_ok, subprocess_env
 from tests.test_qa_model import batch, build
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
@@ -24,7 +24,7 @@ ENV = subprocess_env()
 
 
 def cut_vocab(*args):
-    return subprocess.run([sys.executable, "-m", "fairseq_clusterformer.qa.scripts.cut_vocab", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "benchmarks.qa_device.cut_vocab", *map(str, args)],
                           capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
 
 

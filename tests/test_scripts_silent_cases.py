@@ -15,12 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.qa_device.runs import KINDS
 from tests.conftest import REPO, subprocess_env
 from tests.hf_sources import make_bert
 from tests.recipe_runs import recipe, snapshot
-
-sys.path.insert(0, str(REPO / "benchmarks" / "qa_device"))
-from runs import KINDS  # noqa: E402
 
 GPU_RUN = REPO / "benchmarks" / "gpu_check" / "device_run.sh"
 QA_RUN = REPO / "benchmarks" / "qa_device" / "device_run.sh"
@@ -87,7 +85,7 @@ def test_the_qa_device_call_refuses_a_missing_payload_and_a_machine_without_a_gp
 
 def test_the_qa_device_driver_names_a_kind_it_does_not_know_before_it_makes_a_folder(tmp_path):
     payload = fake_payload(tmp_path / "payload")
-    command = [sys.executable, REPO / "benchmarks/qa_device", "--payload", payload, "--work", tmp_path / "work",
+    command = [sys.executable, "-m", "benchmarks.qa_device", "--payload", payload, "--work", tmp_path / "work",
                "--results", tmp_path / "results", "--stop-at", "0", "--kinds", "none,clustr"]  # fmt: skip
     err = refused(command, tmp_path, code=1)
     assert f"--kinds none,clustr: unknown kind clustr (the kinds: {', '.join(KINDS)})" in err

@@ -3,7 +3,6 @@ default data path is a committed file, the data READMEs' checks and commands hol
 READMEs' commands name exists."""
 
 import hashlib
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -11,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_clusterformer.scripts.lm import compare_data, compare_lm
+from benchmarks import common
+from benchmarks.lm_compare import compare as compare_lm
+from benchmarks.lm_compare import data as compare_data
 from tests.conftest import REPO
 
 DATA = REPO / "examples" / "data"
@@ -108,14 +109,10 @@ def test_the_scan_finds_each_kind_of_reference():
     assert not forbidden_hits("the issues page; by design; shared caches; tests/test_qa_formats.py", "ok.md")
 
 
-def test_default_data_paths_are_committed_files(monkeypatch):
+def test_default_data_paths_are_committed_files():
     args = compare_lm.parse_args(["--work", "unused"])
     defaults = {"--word-train": args.word_train, "--word-eval": args.word_eval, "--char-text": args.char_text}
-    spec = importlib.util.spec_from_file_location("bench_common", REPO / "benchmarks" / "bench_common.py")
-    bench_common = importlib.util.module_from_spec(spec)
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    spec.loader.exec_module(bench_common)
-    defaults["bench_common.CHAR_SOURCE"] = bench_common.CHAR_SOURCE
+    defaults["benchmarks.common.CHAR_SOURCE"] = common.CHAR_SOURCE
     for name, path in defaults.items():
         assert path.is_file(), f"{name}: {path} is not there"
         assert path.resolve().is_relative_to(DATA.resolve()), f"{name}: {path} is outside examples/data"

@@ -17,7 +17,7 @@ On a CUDA machine (about 55 minutes on one H100) it writes Markdown + JSON per p
 On a CPU the same parts run at tiny sizes (a few minutes; the test suite runs it) into a scratch directory. A part
 that fails records its error and the others still run; the exit status is 1 if any part failed.
 
-    .venv/bin/python benchmarks/gpu_check [--out DIR] [--parts tests,train,...] [--size tiny|budget|full]
+    .venv/bin/python -m benchmarks.gpu_check [--out DIR] [--parts tests,train,...] [--size tiny|budget|full]
         [--budget-minutes N] [--layer-kinds K,...] [--profile-layers] [--train-flags F,...]
 
 A call with ``--parts`` adds its parts to the summary an earlier call into the same ``--out`` wrote.
@@ -43,17 +43,16 @@ import time
 import traceback
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parent.parent
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
+import torch
 
-import torch  # noqa: E402
-
-from gpu_check.common import Context, machine, machine_line, write_part  # noqa: E402
+from benchmarks.common import REPO, device_info, device_line
+from benchmarks.gpu_check.context import Context, write_part
 
 # imported when run, so that a part that does not even import is that part's error, not the whole run's
-PARTS = {name: f"gpu_check.part_{name}" for name in ("tests", "train", "kmeans", "layers", "generation", "model")}
-COMMITTED = BENCHMARKS / "results" / "gpu"
+PARTS = {
+    name: f"benchmarks.gpu_check.part_{name}" for name in ("tests", "train", "kmeans", "layers", "generation", "model")
+}
+COMMITTED = REPO / "benchmarks" / "results" / "gpu"
 
 
 def parse_args(argv=None):
@@ -160,7 +159,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--out {out}: CPU or tiny-sized results would replace the GPU's; pass another --out")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="gpu-check-work-"))
     deadline = None if args.budget_minutes is None else started + 60 * args.budget_minutes
-    ctx = Context(out, work, device, tiny, machine(device), size, deadline, chosen)
+    ctx = Context(out, work, device, tiny, device_info(device), size, deadline, chosen)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     expected = estimate(modules, size, chosen)
@@ -215,7 +214,7 @@ def main(argv=None) -> int:
         + (f" GPU_CHECK_ARGS='{' '.join(given)}'" if given else "")
     )
     (ctx.out_dir / "summary.md").write_text(
-        f"# gpu-check summary\n\n{machine_line(ctx.machine)}\n\n`{command}` ({size} sizes{budget}); "
+        f"# gpu-check summary\n\n{device_line(ctx.machine)}\n\n`{command}` ({size} sizes{budget}); "
         f"one file per part beside this one.\n\n" + "\n".join(lines) + "\n"
     )
     ok = len(parts) - len(failed) - len(skipped)

@@ -84,7 +84,7 @@ step "gpu-check --budget-minutes $BUDGET"
 # stopped a minute past its budget at the latest, so that the packing below still runs inside the device call
 limit=$(awk -v m="$BUDGET" 'BEGIN { printf "%d", m * 60 + 60 }')
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS is a list of options
-PYTHONUNBUFFERED=1 timeout -k 10 "$limit" "$PYTHON" benchmarks/gpu_check --out "$RUN/results" \
+PYTHONUNBUFFERED=1 timeout -k 10 "$limit" "$PYTHON" -m benchmarks.gpu_check --out "$RUN/results" \
   --work-dir "$RUN/work" --budget-minutes "$BUDGET" ${GPU_CHECK_ARGS:-}
 code=$?
 step "gpu-check exit $code"

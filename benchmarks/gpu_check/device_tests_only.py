@@ -1,5 +1,5 @@
-"""pytest plugin (``-p gpu_check.device_tests_only``): keep only the tests that take the ``device`` fixture, so the
-set run on the GPU follows the tests themselves (a test converted to take ``device`` joins it)."""
+"""pytest plugin (``-p benchmarks.gpu_check.device_tests_only``): keep only the tests that take the ``device``
+fixture, so the set run on the GPU follows the tests themselves (a test converted to take ``device`` joins it)."""
 
 
 def pytest_collection_modifyitems(config, items):

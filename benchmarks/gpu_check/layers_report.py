@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from gpu_check.common import verdict
+from benchmarks.gpu_check.context import verdict
 
 TARGET_RATIO, WINDOW_TARGET_RATIO, LINEAR_SLACK = 1.25, 1.1, 1.25
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-import bench_generation
-from bench_common import prepare_char_data
-
-from gpu_check.common import Context, verdict
+from benchmarks import bench_generation
+from benchmarks.common import prepare_char_data
+from benchmarks.gpu_check.context import Context, verdict
 
 NAME = "generation"
 TITLE = "Generation tokens/s: cached Cluster-Former decoder against transformer_lm"

@@ -7,10 +7,10 @@ device), whose worst training step around a refresh, above the normal step, is t
 
 from __future__ import annotations
 
-import kmeans as kmeans_bench
 import torch
 
-from gpu_check.common import Context, median, verdict
+from benchmarks import kmeans as kmeans_bench
+from benchmarks.gpu_check.context import Context, median, verdict
 
 NAME = "kmeans"
 TITLE = "K-Means refresh time and training stall"
@@ -73,7 +73,7 @@ def stall_records(ctx: Context) -> tuple[list[dict], str]:
     args = kmeans_bench.parse_args(argv)
     out.mkdir(parents=True, exist_ok=True)
     kmeans_bench.run_stall(args)
-    command = "python benchmarks/kmeans.py " + " ".join(argv).replace(str(ctx.work_dir), "WORK")
+    command = "python -m benchmarks.kmeans " + " ".join(argv).replace(str(ctx.work_dir), "WORK")
     return kmeans_bench.read_jsonl(out / "kmeans_stall.jsonl"), command
 
 

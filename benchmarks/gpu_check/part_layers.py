@@ -1,6 +1,6 @@
 """Part 4: one layer's forward+backward time and peak memory against T, ours against the GPU's best sliding window.
 
-Our layers are built by ``benchmarks/layer_scaling.py``'s ``build`` (the sliding window, the Cluster-Former layer in
+Our layers are built by ``benchmarks/layer_builder.py`` (the sliding window, the Cluster-Former layer in
 strict and paper causality, and strict with ``--long-range-values next``) and run in three variants
 (``variants.py``): eager, compiled (``--compile-layers on``) and flex (``--compile-layers on --attention-backend
 flex``); the references are ``reference_attention.BandAttentionLayer`` (SDPA with a band mask, FlexAttention,
@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import math
 
-import layer_scaling
 import torch
 
-from gpu_check import kernel_profile, variants
-from gpu_check.common import Context, median, peak_bytes, time_step, verdict
-from gpu_check.layers_report import LINEAR_SLACK, TARGET_RATIO, WINDOW_TARGET_RATIO, ratio, render
-from gpu_check.reference_attention import IMPLEMENTATIONS, BandAttentionLayer, agreement, unavailable
+from benchmarks.common import peak_bytes, time_step
+from benchmarks.gpu_check import kernel_profile, variants
+from benchmarks.gpu_check.context import Context, median, verdict
+from benchmarks.gpu_check.layers_report import LINEAR_SLACK, TARGET_RATIO, WINDOW_TARGET_RATIO, ratio, render
+from benchmarks.gpu_check.reference_attention import IMPLEMENTATIONS, BandAttentionLayer, agreement, unavailable
+from benchmarks.layer_builder import build as build_layer
 
 NAME = "layers"
 TITLE = "One layer's forward+backward: time and peak memory against T"
@@ -91,7 +92,7 @@ def build(kind: str, args) -> torch.nn.Module:
     if kind in IMPLEMENTATIONS:
         return BandAttentionLayer(args.dim, args.heads, args.ffn, args.window, kind)
     base, _, values = OURS[kind].partition("+")
-    return layer_scaling.build(base, argparse.Namespace(**{**vars(args), "long_range_values": values or "own"}))
+    return build_layer(base, argparse.Namespace(**{**vars(args), "long_range_values": values or "own"}))
 
 
 def case_step(ctx: Context, kind: str, variant: str, length: int, precision: str, args):

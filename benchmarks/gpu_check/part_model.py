@@ -23,8 +23,9 @@ import logging
 
 import torch
 
-from gpu_check import variants
-from gpu_check.common import PACKAGE, Context, median, peak_bytes, time_step, verdict
+from benchmarks.common import peak_bytes, time_step
+from benchmarks.gpu_check import variants
+from benchmarks.gpu_check.context import PACKAGE, Context, median, verdict
 
 NAME = "model"
 TITLE = "Training tokens/s of the 16-layer WikiText-103 LM: Cluster-Former, sliding windows only, full attention"

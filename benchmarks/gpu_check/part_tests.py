@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 
-from gpu_check.common import BENCHMARKS, REPO, Context, run_tool
+from benchmarks.gpu_check.context import REPO, Context, run_tool
 
 NAME = "tests"
 TITLE = "The device-independent tests on the device"
@@ -23,11 +23,11 @@ ESTIMATE_S = {"tiny": 60, "budget": 110, "full": 120}
 
 
 def run(ctx: Context) -> tuple[dict, str]:
-    # the plugin is imported from benchmarks/ (gpu_check is not installed)
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")]))}
+    # the plugin is imported from the repository root (pytest.ini's pythonpath; run_tool runs there)
     # cuBLAS needs this workspace setting before CUDA starts for the deterministic-algorithms test to run its matmuls
-    env["CUBLAS_WORKSPACE_CONFIG"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    args = ["-m", "pytest", *FILES, "-q", "-rfE", "-p", "no:cacheprovider", "-p", "gpu_check.device_tests_only"]
+    env = {"CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
+    args = ["-m", "pytest", *FILES, "-q", "-rfE", "-p", "no:cacheprovider"]
+    args += ["-p", "benchmarks.gpu_check.device_tests_only"]
     args += ["--device", ctx.device.type, "--junitxml", ctx.work_dir / "tests-junit.xml"]
     code, out = run_tool(["python", *args], ctx.work_dir / "logs" / "tests.log", ctx.timeout(1800), env=env)
     lines = [line for line in out.splitlines() if line.strip()]
@@ -49,7 +49,8 @@ def run(ctx: Context) -> tuple[dict, str]:
         "output_tail": out[-6000:] if status != "ok" else "",
     }
     markdown = [
-        f"Command (repository root; `gpu_check.device_tests_only` keeps the tests that take the `device` fixture):\n\n"
+        f"Command (repository root; `benchmarks.gpu_check.device_tests_only` keeps the tests that take the `device` "
+        f"fixture):\n\n"
         f"    {command}",
         f"Summary line: **{summary or 'none'}** (exit code {code}).",
     ]

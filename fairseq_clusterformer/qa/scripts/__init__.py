@@ -1,2 +1,2 @@
-"""QA console scripts: converters of the published formats, the binariser and its sentencepiece trainer, masked-LM
-pretraining text, the Hugging Face import, the predictor, the reach analysis and the trivial baselines."""
+"""QA console scripts: converters of the published formats, the binariser and its sentencepiece trainer, the Hugging
+Face import and export, the predictor, the question asker and the reach analysis."""

@@ -1,4 +1,6 @@
-"""Helpers shared by the benchmark scripts: the machine, peak memory, subprocess workers, tables.
+"""What every benchmark shares: the machine it ran on (CPU, or GPU and driver), timing on a CPU and on a CUDA device,
+peak memory, subprocess workers, result files (JSON lines, markdown tables), the layers' shape flags and the
+character-level data. The matmul rate a floor is computed from is the package's (``ops/precision.py``).
 
 Peak memory is the process's peak resident set (VmHWM in /proc/self/status) after resetting it with
 ``/proc/self/clear_refs`` (Linux >= 4.0), measured in a fresh process per case: torch's CPU allocator returns large
@@ -8,6 +10,7 @@ the baseline read just before the measured work removes. tracemalloc cannot see 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -52,6 +55,52 @@ def machine_info() -> dict:
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),
     }
+
+
+def gpu_driver() -> str:
+    """The NVIDIA driver version, from nvidia-smi (torch does not report it)."""
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"unknown (nvidia-smi: {err})"
+    return out.strip().splitlines()[0] if out.strip() else "unknown (nvidia-smi printed nothing)"
+
+
+def device_info(device: torch.device) -> dict:
+    """The device's name and driver, and the software: the header of every GPU result file."""
+    info = {
+        "device": str(device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+        "cpu": cpu_model(),
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(
+            gpu=torch.cuda.get_device_name(device),
+            driver=gpu_driver(),
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            capability=f"{props.major}.{props.minor}",
+        )
+    else:
+        info.update(gpu=f"none: CPU run ({info['cpu']})", driver="none (no CUDA device)")
+    try:
+        import fairseq
+
+        info["fairseq"] = fairseq.__version__
+    except ImportError:
+        info["fairseq"] = "not installed"
+    return info
+
+
+def device_line(info: dict) -> str:
+    return (
+        f"GPU: **{info['gpu']}**, driver {info['driver']}; torch {info['torch']} (CUDA {info['cuda']}), "
+        f"fairseq {info['fairseq']}, Python {info['python']}, CPU {info['cpu']}; {info['date_utc']}."
+    )
 
 
 def _status_kib(field: str) -> int:
@@ -101,11 +150,12 @@ class LoadSampler:
         return {"load_min": min(s), "load_median": statistics.median(s), "load_max": max(s), "load_samples": len(s)}
 
 
-def run_worker(script: Path, args: list[str], timeout: float) -> dict:
-    """Run ``script --worker args`` in a fresh interpreter and return the JSON object on its last stdout line."""
-    cmd = [sys.executable, str(script), "--worker", *args]
+def run_worker(module: str, args: list[str], timeout: float) -> dict:
+    """Run ``python -m module --worker args`` in a fresh interpreter (from the repository root, where the benchmarks
+    package is found) and return the JSON object on its last stdout line."""
+    cmd = [sys.executable, "-m", module, "--worker", *args]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -131,6 +181,45 @@ def timed_repeats(step, warmup: int, repeats: int) -> tuple[list[float], list[fl
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
     return wall, cpu
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_step(step, device: torch.device, warmup: int, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``step()`` after ``warmup`` untimed ones: CUDA events around the
+    call on a GPU (the GPU's time, not the time to queue its kernels), the wall clock on a CPU."""
+    for _ in range(warmup):
+        step()
+    sync(device)
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end) / 1000)
+        else:
+            begin = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - begin)
+    return times
+
+
+def peak_bytes(step, device: torch.device) -> int | None:
+    """Peak device memory of one ``step()`` above what was allocated before it (None on a CPU)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    step()
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -160,13 +249,25 @@ def machine_markdown(info: dict, load: dict) -> str:
     )
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 10) -> float:
-    """This machine's float32 matrix-multiply rate for this process's threads: GFLOP/s of CPU time of the fastest of
-    ``repeats`` products (the best, not the median: other jobs only ever slow a product down, and a floor should use
-    what the machine can do)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    _, cpu = timed_repeats(lambda: a @ b, 1, repeats)
-    return 2 * n**3 / min(cpu) / 1e9
+def add_shape_args(p: argparse.ArgumentParser) -> None:
+    """The shape of one layer and its seed, as every layer benchmark takes them (``layer_builder.build`` reads them)."""
+    p.add_argument("--dim", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--ffn", type=int, default=2048)
+    p.add_argument("--window", type=int, default=256, help="window size l")
+    p.add_argument("--stride", type=int, default=128, help="window stride m")
+    p.add_argument("--clusters", type=int, default=512, help="clusters (LSH: buckets) of the long-range layers")
+    p.add_argument("--groups", type=int, default=6, help="strict mode's groups of clusters (3,072 / (2 x 256) = 6)")
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout and activation dropout of every layer")
+    p.add_argument("--attention-dropout", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=1, help="torch's seed before the layer is built")
+
+
+def parse_shape_args(argv: list[str]) -> argparse.Namespace:
+    """The shape flags alone (what a benchmark's own parser left over)."""
+    p = argparse.ArgumentParser(description="the layer's shape")
+    add_shape_args(p)
+    return p.parse_args(argv)
 
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,12 +11,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import fairseq_clusterformer
 from fairseq_clusterformer.scripts.console_scripts import console_script
 from fairseq_clusterformer.scripts.lm.prepare_enwik8 import split_bytes, write_splits
 
-PACKAGE = Path(__file__).resolve().parents[2]
-# the committed data of a clone; a package installed without the repository has no examples/ (see missing_file)
-EXAMPLE_DATA = PACKAGE.parent / "examples" / "data"
+# the --user-dir of every run: the package this process imports, so that fairseq imports the same one
+PACKAGE = Path(fairseq_clusterformer.__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+# the committed data of the clone (see missing_file)
+EXAMPLE_DATA = REPO / "examples" / "data"
 DEFAULT_DATA = {
     "--word-train": EXAMPLE_DATA / "wikitext-2" / "valid.txt",
     "--word-eval": EXAMPLE_DATA / "wikitext-2" / "test.txt",
@@ -29,7 +32,7 @@ def missing_file(flag: str, path: Path) -> FileNotFoundError:
     if path == DEFAULT_DATA.get(flag):
         return FileNotFoundError(
             f"{flag}: the default {path} is not here (it is committed in a clone of the repository, under "
-            f"examples/data/; an installed package does not have it): pass {flag} FILE"
+            f"examples/data/): pass {flag} FILE"
         )
     return FileNotFoundError(f"{flag} {path}: no such file")
 

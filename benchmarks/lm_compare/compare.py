@@ -1,7 +1,7 @@
 """Re-run the paper's Table 3 (language modelling) at a chosen scale: every row through the real fairseq-train and
 fairseq-eval-lm, with equal parameters and updates, into one markdown table.
 
-    python -m fairseq_clusterformer.scripts.lm.compare_lm --preset small --work compare-work/small
+    python -m benchmarks.lm_compare.compare --preset small --work compare-work/small
 
 Rows: sliding window (``--long-range-layer none``), sparse attention, LSH (64 buckets, as the paper sets it) and
 Cluster-Former with 64 / 256 / 512 clusters, the long-range rows in strict and in paper causality. Levels: ``word``
@@ -26,10 +26,10 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from benchmarks.lm_compare.data import DEFAULT_DATA, PACKAGE, prepare_char, prepare_word
 from fairseq_clusterformer.scripts.console_scripts import console_script
-from fairseq_clusterformer.scripts.lm import compare_presets as presets
-from fairseq_clusterformer.scripts.lm.compare_data import DEFAULT_DATA, PACKAGE, prepare_char, prepare_word
-from fairseq_clusterformer.scripts.lm.compare_presets import LEVELS, PRESETS, ROWS, Row, Scale
+from fairseq_clusterformer.scripts.lm import presets
+from fairseq_clusterformer.scripts.lm.presets import LEVELS, PRESETS, ROWS, Row, Scale
 
 
 @dataclass
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         if not seeds or min(seeds) < 1:
             raise ValueError(f"--seeds must list positive integers, got {args.seeds!r}")
     except ValueError as error:
-        print(f"compare_lm: {error}", file=sys.stderr)
+        print(f"lm_compare: {error}", file=sys.stderr)
         return 2
     results: dict[tuple[str, str, int], Result] = {}
     for level in LEVELS:  # runs finished earlier, also of levels, rows and seeds not selected now, stay in the table
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 data_bin = prepare_char(args.char_text, level_dir)
         except (OSError, RuntimeError, ValueError) as error:
-            print(f"compare_lm: {error}", file=sys.stderr)
+            print(f"lm_compare: {error}", file=sys.stderr)
             return 2
         for row in rows:
             for seed in seeds:

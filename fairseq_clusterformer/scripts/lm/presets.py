@@ -1,12 +1,12 @@
 """The presets (smoke / small / paper, per level), the rows of the paper's Table 3, and the fairseq command lines.
 
-The one home of the presets' settings (what each is for, and their table: docs/usage.md, "The LM presets"):
-compare_lm runs every row at a preset, and examples/{wikitext103,enwik8}/{train,eval}.sh read their defaults from
-``--shell``, so the two cannot drift apart. Every row of a level runs the same scale (layers, dimensions, data,
-batches, updates); only the long-range layers' kind, cluster count and causality differ, and none adds parameters
-(centroids and LSH rotations are buffers).
+The one home of the presets' settings (what each is for, and their table: docs/usage.md, "The LM presets"): the
+Table 3 comparison (benchmarks/lm_compare/compare.py) runs every row at a preset, and
+examples/{wikitext103,enwik8}/{train,eval}.sh read their defaults from ``--shell``, so the two cannot drift apart.
+Every row of a level runs the same scale (layers, dimensions, data, batches, updates); only the long-range layers'
+kind, cluster count and causality differ, and none adds parameters (centroids and LSH rotations are buffers).
 
-    python fairseq_clusterformer/scripts/lm/compare_presets.py --preset small --level word --print-flags
+    python fairseq_clusterformer/scripts/lm/presets.py --preset small --level word --print-flags
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Scale:
     memory_size: int
     refresh_interval: int  # --cluster-update-interval
     kmeans_iters: int
-    clusters: int  # the recipes' --num-clusters unless CLUSTERS is set (compare_lm's rows bring their own)
+    clusters: int  # the recipes' --num-clusters unless CLUSTERS is set (the comparison's rows bring their own)
     log_interval: int
     context_window: int  # fairseq-eval-lm --context-window
     eval_max_tokens: int  # the recipes' fairseq-eval-lm --max-tokens: tokens per evaluation batch
@@ -193,7 +193,7 @@ def flags(**values: object) -> list[str]:
 
 
 def setting_flags(row: Row, scale: Scale) -> list[str]:
-    """The preset's task, model and schedule as fairseq-train flags: what compare_lm and the recipes both run."""
+    """The preset's task, model and schedule as fairseq-train flags: what the comparison and the recipes both run."""
     args = flags(task="clusterformer_lm", arch=scale.arch)
     if scale.model_dims:
         args += flags(

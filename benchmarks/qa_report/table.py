@@ -1,7 +1,7 @@
 """Table b of examples/qa/README.md from the runs' prediction files: EM / F1 per kind and seed, each kind against
 the sliding window on the same questions, and where the Cluster-Former layers' question tokens look.
 
-    python -m fairseq_clusterformer.qa.scripts.table --results benchmarks/results/qa_pretrained/device \
+    python -m benchmarks.qa_report.table --results benchmarks/results/qa_pretrained/device \
         --squad examples/data/squad/dev-v1.1.json --held-out-from 40 --markdown report.md --json report.json
 
 --results holds one folder per scored run, CONTEXTS_KIND_seedSEED/ with summary.json (settings, device) and
@@ -28,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.qa_report.paired_bootstrap import bootstrap_interval, paired_differences
+from benchmarks.qa_report.table_mechanism import fmt, gate_rows, mechanism_markdown, reach_rows, shift_rows
 from fairseq_clusterformer.layers.kinds import KINDS, NO_LONG_RANGE
 from fairseq_clusterformer.qa.ops.metrics import exact_match, max_over_gold, token_f1
-from fairseq_clusterformer.qa.ops.paired_bootstrap import bootstrap_interval, paired_differences
-from fairseq_clusterformer.qa.scripts.table_mechanism import fmt, gate_rows, mechanism_markdown, reach_rows, shift_rows
 from fairseq_clusterformer.scripts.cli_logging import run_cli
 
 # a run's variant in words (benchmarks/qa_device/runs.py names the variants): sliding windows only, then every kind of
@@ -48,9 +48,7 @@ METRICS = {"exact_match": exact_match, "f1": token_f1}
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m fairseq_clusterformer.qa.scripts.table", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.qa_report.table", description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, required=True, help="one folder per scored run")
     parser.add_argument("--squad", type=Path, required=True, help="SQuAD v1.1 JSON holding the held-out articles")
     parser.add_argument("--held-out-from", type=int, required=True, help="index of the first held-out article")

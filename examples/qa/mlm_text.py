@@ -1,7 +1,7 @@
 """Pretraining text for a small RoBERTa: SQuAD paragraphs (a slice of the articles) and plain text files, written as
 GPT-2 BPE ids, one paragraph or line per line, ready for ``fairseq-preprocess --only-source --srcdict dict.txt``.
 
-    python -m fairseq_clusterformer.qa.scripts.mlm_text --squad dev-v1.1.json --articles 0:40 \\
+    python examples/qa/mlm_text.py --squad dev-v1.1.json --articles 0:40 \\
         --text wikitext-2/valid.txt --encoder-json encoder.json --vocab-bpe vocab.bpe --output train.bpe
 
 Only the articles named by ``--articles`` are read, so that a masked-LM model pretrained on the training articles of

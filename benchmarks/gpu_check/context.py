@@ -1,4 +1,5 @@
-"""What every part shares: the run's context, the machine's description, timing on the device, result files."""
+"""What every part of gpu-check shares: the run's context (sizes, budget, folders), the tools it runs, the data,
+the result files and their verdicts. The machine's description and the timing are benchmarks/common.py's."""
 
 from __future__ import annotations
 
@@ -12,15 +13,9 @@ from pathlib import Path
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-BENCHMARKS = HERE.parent
-REPO = BENCHMARKS.parent
-PACKAGE = REPO / "fairseq_clusterformer"
-# the benchmark scripts import each other as top-level modules (bench_common, layer_scaling, ...)
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
+from benchmarks.common import REPO, console_script, device_line
 
-from bench_common import console_script, cpu_model  # noqa: E402
+PACKAGE = REPO / "fairseq_clusterformer"
 
 
 @dataclasses.dataclass
@@ -49,101 +44,11 @@ class Context:
         return max(1.0, min(seconds, self.seconds_left() + 30))
 
 
-def gpu_driver() -> str:
-    """The NVIDIA driver version, from nvidia-smi (torch does not report it)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as err:
-        return f"unknown (nvidia-smi: {err})"
-    return out.strip().splitlines()[0] if out.strip() else "unknown (nvidia-smi printed nothing)"
-
-
-def machine(device: torch.device) -> dict:
-    """The device's name and driver, and the software: the header of every result file."""
-    info = {
-        "device": str(device),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": sys.version.split()[0],
-        "cpu": cpu_model(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(
-            gpu=torch.cuda.get_device_name(device),
-            driver=gpu_driver(),
-            gpu_memory_gib=round(props.total_memory / 2**30, 1),
-            capability=f"{props.major}.{props.minor}",
-        )
-    else:
-        info.update(gpu=f"none: CPU run ({info['cpu']})", driver="none (no CUDA device)")
-    try:
-        import fairseq
-
-        info["fairseq"] = fairseq.__version__
-    except ImportError:
-        info["fairseq"] = "not installed"
-    return info
-
-
-def machine_line(info: dict) -> str:
-    return (
-        f"GPU: **{info['gpu']}**, driver {info['driver']}; torch {info['torch']} (CUDA {info['cuda']}), "
-        f"fairseq {info['fairseq']}, Python {info['python']}, CPU {info['cpu']}; {info['date_utc']}."
-    )
-
-
 def write_part(ctx: Context, name: str, title: str, record: dict, markdown: str) -> None:
     """``<name>.json`` (the record with the machine) and ``<name>.md`` (the machine line, then ``markdown``)."""
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     (ctx.out_dir / f"{name}.json").write_text(json.dumps({"machine": ctx.machine, **record}, indent=2) + "\n")
-    (ctx.out_dir / f"{name}.md").write_text(f"# {title}\n\n{machine_line(ctx.machine)}\n\n{markdown.strip()}\n")
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_step(step, device: torch.device, warmup: int, repeats: int) -> list[float]:
-    """Seconds of each of ``repeats`` calls of ``step()`` after ``warmup`` untimed ones: CUDA events around the
-    call on a GPU (the GPU's time, not the time to queue its kernels), the wall clock on a CPU."""
-    for _ in range(warmup):
-        step()
-    sync(device)
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end) / 1000)
-        else:
-            begin = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - begin)
-    return times
-
-
-def peak_bytes(step, device: torch.device) -> int | None:
-    """Peak device memory of one ``step()`` above what was allocated before it (None on a CPU)."""
-    if device.type != "cuda":
-        return None
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    step()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - base
+    (ctx.out_dir / f"{name}.md").write_text(f"# {title}\n\n{device_line(ctx.machine)}\n\n{markdown.strip()}\n")
 
 
 def run_tool(args: list, log: Path, timeout: float, env: dict | None = None) -> tuple[int, str]:

@@ -1,6 +1,6 @@
 """Cut an imported encoder's vocabulary to the tokens that binarised QA data uses, and re-index that data.
 
-    python -m fairseq_clusterformer.qa.scripts.cut_vocab --encoder data-bin/minilm/encoder \
+    python -m benchmarks.qa_device.cut_vocab --encoder data-bin/minilm/encoder \
         --data squad_article=data-bin/minilm/squad_article/bin --out .qa-device/cut --half
 
 V = dictionary rows, C = channels.

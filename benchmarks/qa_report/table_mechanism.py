@@ -1,4 +1,4 @@
-"""The mechanism tables under table b (qa/scripts/table.py): where the long-range layers' question tokens look
+"""The mechanism tables under table b (benchmarks/qa_report/table.py): where the long-range layers' question tokens look
 (reach.json), what closing the hybrid gates does (gate_ablation.json), and whether one more K-Means refresh would move
 the centroids (centroid_shift.json). Each takes the runs in the table's order (kind, then seed)."""
 

@@ -1,7 +1,7 @@
 """Trivial extractive-QA baselines, scored with the official SQuAD v1.1 EM / F1 on the questions of a QA JSONL split,
 and (optionally) the prediction files of trained models on the same questions, in one table.
 
-    python -m fairseq_clusterformer.qa.scripts.baselines --train train.jsonl --eval valid.jsonl --seed 1 \\
+    python -m benchmarks.qa_report.baselines --train train.jsonl --eval valid.jsonl --seed 1 \\
         [--predictions NAME=valid.pred.json ...] [--json summary.json]
 
 Spans are counted in whitespace-separated words of the context (its paragraphs joined by a space), so the baselines
