@@ -9,7 +9,7 @@ import subprocess
 from tests.conftest import REPO, subprocess_env
 
 README = REPO / "examples" / "qa" / "README.md"
-LAB_NOTE = REPO / "benchmarks" / "results" / "qa_pretrained" / "README.md"
+LAB_NOTE = REPO / "benchmarks" / "results" / "qa_pretrained" / "paragraph" / "README.md"
 
 
 def row(starting: str) -> str:

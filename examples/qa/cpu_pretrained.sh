@@ -83,7 +83,7 @@ esac
 # made with other settings would otherwise be resumed as this one)
 # auto (the default): bfloat16 where this CPU multiplies it natively, with attention dropout 0 (the fused attention
 # kernel): table a measured that pair against float32 with dropout 0.1 (EM within the seed spread, F1 0.5 higher;
-# benchmarks/results/qa_pretrained/README.md); float32 with dropout 0.1 elsewhere
+# benchmarks/results/qa_pretrained/paragraph/README.md); float32 with dropout 0.1 elsewhere
 PRECISION="${PRECISION:-auto}"
 if [[ "$PRECISION" == auto ]]; then
     PRECISION="$(python "$here/../cpu_precision.py")" || recipe_die "PRECISION=auto: cannot measure this CPU's rates (above)"
