@@ -2,9 +2,9 @@
 its long-range attention beside it through a per-head gate that starts at zero.
 
 Why: the paper's replacement layer (``--long-range-mode replace``, the default) attends over sorted windows only, so a
-pretrained encoder's converted layer stops attending over the local windows it was trained on; from a small
-pretrained encoder this cost 5-7 EM at every long-range kind. The hybrid layer computes, with the layer's own
-pretrained projections (no new q / k / v / output weights),
+pretrained encoder's converted layer stops attending over the local windows it was trained on (what that cost in the
+QA comparison: docs/qa.md). The hybrid layer computes, with the layer's own pretrained projections (no new q / k / v /
+output weights),
 
     a_local = sliding-window attention over the windows a sliding-window layer at this position would use
     a_far   = the kind's attention over windows of the sequence sorted by group (Cluster-Former's clusters, LSH
@@ -16,9 +16,8 @@ with ``g`` (``long_range_gate``, one value per head, broadcast over the head's c
 fine-tuning decides how much far context each head takes. ``tanh`` keeps a head's far share within (-1, 1) of its
 local attention output; its slope at 0 gives the gate a gradient from the first step. ``GATE_GAIN`` is the gate's
 learning-rate multiplier: Adam moves a parameter by about the learning rate per update whatever its gradient, so a
-bare ``g`` could move by at most 0.035 in table b's 700 updates at lr 1e-4 (warm-up and decay included) and the
-gate could hardly open; with the gain it can reach tanh(0.7) = 0.6 there, and saturate in the paper's 22,200 updates
-(fairseq's decoupled weight decay, 0.01 x lr a step, hardly pulls it back).
+bare ``g`` could hardly open in a fine-tuning run of a few hundred updates at a fine-tuning learning rate; the gain
+lets it (docs/qa.md works this out for the QA runs).
 
 With ``--window-merge layer`` the local windows finish the layer per window and their outputs are averaged, as the
 sliding-window layer does; ``a_far`` is a per-token value, added into every local window that holds the token. The
