@@ -1,6 +1,6 @@
 """``--attention-backend flex``: the windowed layers' forward with their attention as one FlexAttention call.
 
-The layers (``windowed_layer``, ``sorted_window_layer``) call these from their ``forward`` / ``attend`` when
+The layers (``layers/windowed.py``, ``layers/sorted_window.py``) call these from their ``forward`` / ``attend`` when
 ``layer.attention_backend == "flex"``; the attention itself is ``ops.flex_windows``. Projections, residual, norms
 and FFN are the layer's own modules, so both backends share every parameter and the state dict.
 
