@@ -13,6 +13,7 @@ from fairseq_clusterformer.ops.clustering import (
     gather_tokens,
     inverse_permutation,
     permute_tokens,
+    sort_window_unsort,
     stable_sort,
 )
 from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
@@ -75,6 +76,26 @@ def test_sort_and_unsort_are_inverse_and_stable():
     assert (sorted_keys[:, 1:] >= sorted_keys[:, :-1]).all()
     same = sorted_keys[:, 1:] == sorted_keys[:, :-1]
     assert (order[:, 1:] > order[:, :-1])[same].all(), "ties must keep position order"
+
+
+@pytest.mark.parametrize("sort", [True, False])
+def test_the_window_pass_gets_the_sorted_tokens_with_their_positions_and_its_rows_go_back_unsorted(sort):
+    keys = torch.randint(0, 4, (3, 20))
+    order = stable_sort(keys)[1] if sort else None
+    x = torch.randn(3, 20, 2)
+    valid = torch.rand(3, 20) > 0.2
+    seen = {}
+
+    def window_pass(tokens, sorted_valid, positions):
+        seen.update(tokens=tokens, valid=sorted_valid, positions=positions)
+        return tokens * 2 + positions[..., None]  # row i: sorted token i, marked with its original position
+
+    out = sort_window_unsort(x, valid, order, window_pass)
+    identity = torch.arange(20).expand(3, 20)
+    assert torch.equal(seen["positions"], order if sort else identity)
+    assert torch.equal(seen["tokens"], gather_tokens(x, seen["positions"]))
+    assert torch.equal(seen["valid"], gather_tokens(valid, seen["positions"]))
+    assert torch.equal(out, x * 2 + identity[..., None])  # every token's row back at its own position
 
 
 @pytest.mark.parametrize("shape", [(3, 50, 2), (2, 4, 30, 5)])  # B x T x C, and B x H x T x d per head

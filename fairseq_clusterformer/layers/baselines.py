@@ -10,7 +10,7 @@ from torch import Tensor
 
 from fairseq_clusterformer.layers.cluster import Float32Buffers
 from fairseq_clusterformer.layers.settings import LayerSettings
-from fairseq_clusterformer.layers.sorted_window import NeighbourGroupLayer, SortedWindowLayer
+from fairseq_clusterformer.layers.sorted_window import ContentGroupedLayer, SortedWindowLayer
 from fairseq_clusterformer.layers.streams import DrawCounter
 from fairseq_clusterformer.ops.lsh import lsh_buckets, offset_groups, random_rotations
 
@@ -18,7 +18,7 @@ from fairseq_clusterformer.ops.lsh import lsh_buckets, offset_groups, random_rot
 EVAL_ROTATION_SEED = 20200121
 
 
-class LSHLayer(Float32Buffers, NeighbourGroupLayer):
+class LSHLayer(Float32Buffers, ContentGroupedLayer):
     """Reformer-style buckets from random rotations, as many as --num-clusters.
 
     Training draws new directions at every forward pass, from the layer's own stream (``layers.streams``: seeded from
@@ -47,11 +47,11 @@ class LSHLayer(Float32Buffers, NeighbourGroupLayer):
         settings: LayerSettings,
         num_buckets: int,
         causality: str = "strict",
-        band_groups: int = 1,
+        num_band_groups: int = 1,
         values: str = "own",
         stream: int = 0,
     ) -> None:
-        super().__init__(settings, num_buckets, causality, band_groups, values)
+        super().__init__(settings, num_buckets, causality, num_band_groups, values)
         generator = torch.Generator().manual_seed(EVAL_ROTATION_SEED)
         eval_rotations = random_rotations(settings.embed_dim, num_buckets, generator)  # C x P/2
         self.register_buffer("eval_rotations", eval_rotations, persistent=False)

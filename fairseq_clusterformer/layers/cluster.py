@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from fairseq_clusterformer.layers.settings import LayerSettings
-from fairseq_clusterformer.layers.sorted_window import NeighbourGroupLayer
+from fairseq_clusterformer.layers.sorted_window import ContentGroupedLayer
 from fairseq_clusterformer.layers.streams import stream_generator
 from fairseq_clusterformer.ops.cluster_groups import uniform_shares
 from fairseq_clusterformer.ops.clustering import assign_clusters, cluster_size_entropy
@@ -42,8 +42,9 @@ class Float32Buffers(nn.Module):
         return result
 
 
-class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
-    """Sort the states by their nearest centroid, run the layer on windows of the sorted sequence, unsort."""
+class ClusterFormerLayer(Float32Buffers, ContentGroupedLayer):
+    """Sort the states by their nearest centroid, run the layer on windows of the sorted sequence, unsort
+    (``forward``)."""
 
     kind = "cluster"
     float32_buffers = ("centroids", "shares")
@@ -55,11 +56,11 @@ class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
         settings: LayerSettings,
         num_clusters: int,
         causality: str = "strict",
-        band_groups: int = 1,
+        num_band_groups: int = 1,
         values: str = "own",
         stream: int = 0,
     ) -> None:
-        super().__init__(settings, num_clusters, causality, band_groups, values)
+        super().__init__(settings, num_clusters, causality, num_band_groups, values)
         self.num_clusters = num_clusters
         # a buffer, not a parameter: K-Means on the memory bank sets it, and checkpoints carry it. Drawn from the
         # layer's own stream (``stream``: its position in the model), not torch's global one, which the sliding-window
@@ -75,6 +76,32 @@ class ClusterFormerLayer(Float32Buffers, NeighbourGroupLayer):
         self.banked = False
         self.last_cluster_entropy: Tensor | None = None
         self.named_unrefreshed = False  # a load of never-refreshed centroids was warned about
+
+    def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """One Cluster-Former layer: states x (B x T x C; padding_mask B x T, True at pads) -> B x T x C.
+
+        Every model: ``cluster_ids`` gives each state its nearest centroid (eq. 4); ``attend``
+        (``layers/sorted_window.py``) stable-sorts the tokens by it and takes one of two paths, both through
+        ``ops.clustering.sort_window_unsort`` (sort, window, unsort) and ``ops.window_scheme.WindowScheme``:
+
+        - the language model's default, ``--cluster-causality strict``, takes the **band** path
+          (``WindowedTransformerLayer.run_band``, ``layers/windowed.py``). It is not the paper's windowing: each
+          token attends to itself and its ``l - 1`` most recent predecessors within its group of neighbouring
+          clusters (groups cut from the centroid order by the clusters' shares; two groupings, one per half of the
+          heads), so what it sees never depends on later tokens. No window overlaps, nothing is averaged.
+        - ``--cluster-causality paper`` and the QA encoder (bidirectional) take the paper's **windows** path
+          (``run_windows``): windows of length ``l`` every ``m`` tokens of the sorted sequence (eq. 5), the
+          transformer layer on each (eq. 6; causal masks compare original positions), unsorted and the overlaps
+          averaged (eq. 7-8). In the LM this leaks the future: a token's window moves with the count of later tokens
+          of lower clusters.
+
+        A fixed-window layer (``SlidingWindowLayer``, ``layers/windowed.py``) runs the same ``run_windows`` (or
+        ``run_band`` for ``--sliding-windows band``) with no sort. ``--long-range-mode hybrid`` (the QA encoder
+        only) adds this attention beside the sliding window's (``layers/hybrid.py``).
+        """
+        out, ids = self.attend(x, padding_mask)
+        self.observe(x, padding_mask, ids)
+        return out
 
     def cluster_ids(self, x: Tensor, padding_mask: Tensor | None) -> Tensor:
         """B x T cluster ids (pads get P)."""

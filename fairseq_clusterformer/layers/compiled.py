@@ -1,8 +1,8 @@
 """``--compile-layers``: run the windowed and long-range layers' forward through ``torch.compile(fullgraph=True)``.
 
-Why: on a GPU one forward + backward of a Cluster-Former layer dispatches about 400 ATen ops (the sliding-window
-layer about 240), almost none of which is big enough to keep the GPU busy, so the layers cost what their kernel
-launches cost (``benchmarks/ops_per_layer.py``). Compiled, the same layer is a few dozen fused kernels.
+Why: on a GPU one forward + backward of a Cluster-Former layer dispatches hundreds of small ATen ops, almost none of
+which is big enough to keep the GPU busy, so the layers cost what their kernel launches cost. Compiled, the same layer
+is a few dozen fused kernels (the counts: docs/gpu_speed.md, from ``benchmarks/ops_per_layer.py``).
 
 What is compiled: the methods decorated with ``compilable`` (the sliding-window layer's ``forward``, the sorted-window
 layers' ``attend`` - everything but ``observe``, which keeps the cluster-size entropy for the logs - and the QA
@@ -36,9 +36,9 @@ from fairseq_clusterformer.ops.tracing import is_compiling
 
 logger = logging.getLogger(__name__)
 
-# "auto": on where the layer's input is on a CUDA device. It is the LM's and the QA model's default: on an H200 the
-# compiled layers ran 1.3-2.0x faster than eager, on a CPU 0.87-1.0x (nothing gained, minutes of C++ builds lost);
-# docs/gpu_speed.md has the table. Checkpoints that recorded "off" keep it when they are loaded
+# "auto": on where the layer's input is on a CUDA device, the LM's and the QA model's default: compiling pays on a GPU
+# and not on a CPU, where it costs minutes of C++ builds (the timings: docs/gpu_speed.md). Checkpoints that recorded
+# "off" keep it when they are loaded
 COMPILE_CHOICES = ("off", "on", "auto")
 DEFAULT_COMPILE = "auto"
 

@@ -1,6 +1,6 @@
 """``--attention-backend flex``: the windowed layers' forward with their attention as one FlexAttention call.
 
-The layers (``windowed_layer``, ``sorted_window_layer``) call these from their ``forward`` / ``attend`` when
+The layers (``layers/windowed.py``, ``layers/sorted_window.py``) call these from their ``forward`` / ``attend`` when
 ``layer.attention_backend == "flex"``; the attention itself is ``ops.flex_windows``. Projections, residual, norms
 and FFN are the layer's own modules, so both backends share every parameter and the state dict.
 
@@ -14,12 +14,15 @@ B = batch, T = tokens, C = channels, r = window copies (``ops.flex_windows``), n
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 from fairseq_clusterformer.layers.settings import LayerSettings, check_choice
-from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation, permute_tokens
+from fairseq_clusterformer.ops.clustering import sort_window_unsort
 from fairseq_clusterformer.ops.flex_windows import band_attention, copy_weights, flex_unavailable, window_attention
+from fairseq_clusterformer.ops.masks import valid_tokens
 
 ATTENTION_BACKENDS = ("eager", "flex")
 
@@ -45,11 +48,6 @@ def _check_call(layer, x: Tensor) -> None:
         )
 
 
-def _valid(x: Tensor, padding_mask: Tensor | None) -> Tensor:
-    """B x T, False at pads."""
-    return torch.ones_like(x[..., 0], dtype=torch.bool) if padding_mask is None else ~padding_mask
-
-
 def _projections(layer, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """q, k, v (B x T x C each), as the eager paths project them."""
     h = layer.self_attn_layer_norm(x) if layer.settings.normalize_before else x
@@ -66,7 +64,7 @@ def flex_band_forward(layer, x: Tensor, padding_mask: Tensor | None, orders: Ten
         # position t holds the value of t + 1, zeros after the last token (as ``run_band``)
         next_v = torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1)  # B x T x C
     s = layer.settings
-    attn = band_attention(q, k, v, s.heads, s.window_size, _valid(x, padding_mask), orders, sorted_groups, next_v)
+    attn = band_attention(q, k, v, s.heads, s.window_size, valid_tokens(x, padding_mask), orders, sorted_groups, next_v)
     return layer._finish(x, layer.self_attn.out_proj(attn))  # B x T x C
 
 
@@ -76,20 +74,16 @@ def flex_sliding_forward(layer, x: Tensor, padding_mask: Tensor | None) -> Tenso
     s = layer.settings
     if s.sliding_windows == "band":
         q, k, v = _projections(layer, x)
-        attn = band_attention(q, k, v, s.heads, s.window_size, _valid(x, padding_mask), None, None)  # B x T x C
+        attn = band_attention(q, k, v, s.heads, s.window_size, valid_tokens(x, padding_mask), None, None)  # B x T x C
         return layer._finish(x, layer.self_attn.out_proj(attn))
-    positions = torch.arange(x.size(1), device=x.device).expand(x.size(0), -1)  # B x T
-    return _overlapping_windows(layer, x, _valid(x, padding_mask), positions)
+    return sort_window_unsort(x, valid_tokens(x, padding_mask), None, functools.partial(_overlapping_windows, layer))
 
 
 def flex_windows_forward(layer, x: Tensor, padding_mask: Tensor | None, order: Tensor) -> Tensor:
     """``WindowedTransformerLayer.run_windows`` of a paper-mode (or bidirectional) long-range layer: overlapping
     windows of the sequence sorted by ``order`` (B x T)."""
     _check_call(layer, x)
-    inverse = inverse_permutation(order)  # B x T
-    valid = gather_tokens(_valid(x, padding_mask), order)  # B x T, sorted
-    out = _overlapping_windows(layer, permute_tokens(x, order, inverse), valid, order)  # B x T x C, sorted
-    return permute_tokens(out, inverse, order)
+    return sort_window_unsort(x, valid_tokens(x, padding_mask), order, functools.partial(_overlapping_windows, layer))
 
 
 def _overlapping_windows(layer, x: Tensor, valid: Tensor, positions: Tensor) -> Tensor:

@@ -2,9 +2,9 @@
 its long-range attention beside it through a per-head gate that starts at zero.
 
 Why: the paper's replacement layer (``--long-range-mode replace``, the default) attends over sorted windows only, so a
-pretrained encoder's converted layer stops attending over the local windows it was trained on; from a small
-pretrained encoder this cost 5-7 EM at every long-range kind. The hybrid layer computes, with the layer's own
-pretrained projections (no new q / k / v / output weights),
+pretrained encoder's converted layer stops attending over the local windows it was trained on (what that cost in the
+QA comparison: docs/qa.md). The hybrid layer computes, with the layer's own pretrained projections (no new q / k / v /
+output weights),
 
     a_local = sliding-window attention over the windows a sliding-window layer at this position would use
     a_far   = the kind's attention over windows of the sequence sorted by group (Cluster-Former's clusters, LSH
@@ -16,9 +16,8 @@ with ``g`` (``long_range_gate``, one value per head, broadcast over the head's c
 fine-tuning decides how much far context each head takes. ``tanh`` keeps a head's far share within (-1, 1) of its
 local attention output; its slope at 0 gives the gate a gradient from the first step. ``GATE_GAIN`` is the gate's
 learning-rate multiplier: Adam moves a parameter by about the learning rate per update whatever its gradient, so a
-bare ``g`` could move by at most 0.035 in table b's 700 updates at lr 1e-4 (warm-up and decay included) and the
-gate could hardly open; with the gain it can reach tanh(0.7) = 0.6 there, and saturate in the paper's 22,200 updates
-(fairseq's decoupled weight decay, 0.01 x lr a step, hardly pulls it back).
+bare ``g`` could hardly open in a fine-tuning run of a few hundred updates at a fine-tuning learning rate; the gain
+lets it (docs/qa.md works this out for the QA runs).
 
 With ``--window-merge layer`` the local windows finish the layer per window and their outputs are averaged, as the
 sliding-window layer does; ``a_far`` is a per-token value, added into every local window that holds the token. The
@@ -41,8 +40,8 @@ from fairseq_clusterformer.layers.baselines import LSHLayer, StridedSparseLayer
 from fairseq_clusterformer.layers.cluster import ClusterFormerLayer
 from fairseq_clusterformer.layers.compiled import compilable
 from fairseq_clusterformer.layers.sorted_window import SortedWindowLayer
-from fairseq_clusterformer.ops.attention import masked_attention
-from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation, stable_sort
+from fairseq_clusterformer.ops.clustering import sort_window_unsort, stable_sort
+from fairseq_clusterformer.ops.masks import valid_tokens
 from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
 
 # the gate's learning-rate multiplier (see the module's docstring); part of what a saved gate means, so fixed
@@ -85,29 +84,27 @@ class HybridLongRange(SortedWindowLayer):
         s = self.settings
         bsz, length, channels = x.shape
         local = WindowScheme(s.window_size, s.window_stride, length) if local is None else local
-        valid = torch.ones_like(x[..., 0], dtype=torch.bool) if padding_mask is None else ~padding_mask  # B x T
+        valid = valid_tokens(x, padding_mask)  # B x T
         ids = self.group_ids(x, padding_mask)  # B x T
         h = self.self_attn_layer_norm(x) if s.normalize_before else x
         # one projection per token serves both branches: the pretrained q, k, v
         qkv = torch.stack([self.self_attn.q_proj(h), self.self_attn.k_proj(h), self.self_attn.v_proj(h)], dim=2)
-        dropout = s.attention_dropout if self.training else 0.0
 
-        # the local branch: exactly ``run_windows`` of a sliding-window layer
+        # the local branch: exactly the attention of ``run_windows`` of a sliding-window layer
         positions = torch.arange(length, device=x.device).expand(bsz, length)  # B x T
-        allowed = local.mask(positions, valid, s.causal).flatten(0, 1)  # (B*K) x Lq x Lk
-        q = local.queries(qkv[:, :, 0]).flatten(0, 1)  # (B*K) x Lq x C
-        k, v = (local.keys(qkv[:, :, i]).flatten(0, 1) for i in (1, 2))  # (B*K) x Lk x C each
-        near = masked_attention(q, k, v, allowed, s.heads, dropout)  # (B*K) x Lq x C
+        q, k, v = qkv.unbind(dim=2)  # B x T x C each
+        near = self.window_attention(local, q, k, v, valid, positions)  # (B*K) x Lq x C
 
         # the far branch: windows of the sequence sorted by group, merged and unsorted to one value per token
-        _, order = stable_sort(ids)  # B x T
         far_scheme = WindowScheme(s.window_size, s.window_stride, length)
-        ordered = gather_tokens(qkv, order)  # B x T x 3 x C, sorted
-        allowed = far_scheme.mask(order, gather_tokens(valid, order), s.causal).flatten(0, 1)  # (B*K') x l x l
-        q, k, v = (far_scheme.queries(ordered[:, :, i]).flatten(0, 1) for i in range(3))  # (B*K') x l x C each
-        far = masked_attention(q, k, v, allowed, s.heads, dropout)  # (B*K') x l x C
-        far = far_scheme.merge(far.view(bsz, far_scheme.count, -1, channels))  # B x T x C, sorted
-        far = gather_tokens(far, inverse_permutation(order)) * self.far_share()  # B x T x C, input order
+
+        def far_windows(qkv: Tensor, valid: Tensor, positions: Tensor) -> Tensor:
+            """q, k, v (B x T x 3 x C) in sorted order -> the merged attention B x T x C in that order."""
+            far = self.window_attention(far_scheme, *qkv.unbind(dim=2), valid, positions)  # (B*K') x l x C
+            return far_scheme.merge(far.view(bsz, far_scheme.count, -1, channels))  # B x T x C
+
+        _, order = stable_sort(ids)  # B x T
+        far = sort_window_unsort(qkv, valid, order, far_windows) * self.far_share()  # B x T x C, input order
 
         if s.window_merge == "attention":
             attn = local.merge(near.view(bsz, local.count, -1, channels)) + far  # B x T x C

@@ -10,7 +10,7 @@ parametrisations. An unknown kind is refused with the known ones named.
 What a row's class is decides how it is built and what it takes part in:
 - a ``NeighbourGroupLayer`` (cluster, LSH) groups tokens by content into ``--num-clusters`` groups, which the strict
   mode gathers into ``--cluster-groups`` runs of neighbouring groups; it is built as
-  ``layer(settings, num_clusters, causality, band_groups, values, stream=)``; qa-reach measures where its far keys
+  ``layer(settings, num_clusters, causality, num_band_groups, values, stream=)``; qa-reach measures where its far keys
   lie. Any other kind takes its groups from positions (sparse) and is built as ``layer(settings, causality, values)``;
 - a ``ClusterFormerLayer`` has centroids: the K-Means refresh finds it by its class and fits them.
 

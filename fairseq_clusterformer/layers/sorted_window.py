@@ -1,5 +1,6 @@
 """The path every long-range layer shares: group the tokens, stable-sort by group, run the layer on windows of the
-sorted sequence, unsort. The layer types differ only in how they assign groups (K-Means centroids, LSH, offsets).
+sorted sequence, unsort (``SortedWindowLayer.attend``). The layer types differ only in how they assign groups (K-Means
+centroids, LSH buckets, offsets); ``ContentGroupedLayer`` adds what the groups of clusters and buckets share.
 
 B = batch, T = tokens, C = channels, P = groups, n = groupings (head sets) of the strict mode.
 """
@@ -14,7 +15,7 @@ from fairseq_clusterformer.layers.flex import flex_band_forward, flex_windows_fo
 from fairseq_clusterformer.layers.settings import LayerSettings, check_long_range
 from fairseq_clusterformer.layers.windowed import StepCache, WindowedTransformerLayer
 from fairseq_clusterformer.ops.cluster_groups import band_group_ids, cluster_to_group, uniform_shares
-from fairseq_clusterformer.ops.clustering import gather_tokens, stable_sort
+from fairseq_clusterformer.ops.clustering import sorted_positions, stable_sort
 from fairseq_clusterformer.ops.step_cache import empty_rows
 from fairseq_clusterformer.ops.window_scheme import WindowScheme
 
@@ -24,7 +25,8 @@ class SortedWindowLayer(WindowedTransformerLayer):
 
     ``causality`` only matters for a causal (LM) layer: ``paper`` windows the sorted sequence as the paper does
     (a token's window depends on how many tokens of lower groups exist, later ones included); ``strict`` lets
-    every token see itself and its ``l - 1`` most recent predecessors in its band group (``band_groups``), a set
+    every token see itself and its ``l - 1`` most recent predecessors in its band group (``band_groups``, one of
+    ``num_band_groups`` groups of consecutive group ids; the sparse baseline's groups are its own), a set
     that depends on the past alone (provided a token's group depends on that token alone, as it does for every
     subclass).
 
@@ -42,12 +44,12 @@ class SortedWindowLayer(WindowedTransformerLayer):
         settings: LayerSettings,
         num_groups: int,
         causality: str = "strict",
-        band_groups: int = 1,
+        num_band_groups: int = 1,
         values: str = "own",
     ) -> None:
         super().__init__(settings)
         # the model's LongRangePlan ran these checks already; a layer built on its own runs them here
-        check_long_range(num_groups, causality, band_groups, values)
+        check_long_range(num_groups, causality, num_band_groups, values)
         self.check_num_groups(num_groups)
         self.num_groups = num_groups
         self.causality = causality
@@ -110,16 +112,21 @@ class SortedWindowLayer(WindowedTransformerLayer):
         layouts = []
         for grouping in groups:  # statistics only, not the forward pass
             sorted_ids, order = stable_sort(grouping)  # B x T each
+            # the positions and validity ``sort_window_unsort`` gives the forward's windows
+            positions, sorted_valid = sorted_positions(valid, order)  # B x T each
             scheme = WindowScheme(s.window_size, s.window_stride, ids.size(1), band=self.band)
-            allowed = scheme.mask(order, gather_tokens(valid, order), s.causal, sorted_ids)  # B x K x Lq x Lk
-            slots = scheme.slot_positions(order)  # B x Tp original positions of the sorted slots
+            allowed = scheme.mask(positions, sorted_valid, s.causal, sorted_ids)  # B x K x Lq x Lk
+            slots = scheme.slot_positions(positions)  # B x Tp original positions of the sorted slots
             layouts.append((scheme.queries(slots), scheme.keys(slots, -1), allowed))
         return layouts
 
     def observe(self, x: Tensor, padding_mask: Tensor | None, ids: Tensor) -> None:
-        """Called with every forward's input and ids before the sort (the cluster layer fills its bank here)."""
+        """Called with every forward's input and group ids, outside the compiled ``attend`` (the Cluster-Former layer
+        keeps the entropy of its cluster sizes for the logs here)."""
 
     def forward(self, x: Tensor, padding_mask: Tensor | None = None) -> Tensor:
+        """B x T x C -> B x T x C; ``ClusterFormerLayer.forward`` (``layers/cluster.py``) says which path each model
+        takes."""
         out, ids = self.attend(x, padding_mask)
         self.observe(x, padding_mask, ids)
         return out
@@ -127,7 +134,14 @@ class SortedWindowLayer(WindowedTransformerLayer):
     @compilable
     def attend(self, x: Tensor, padding_mask: Tensor | None) -> tuple[Tensor, Tensor]:
         """The layer's output (B x T x C) and group ids (B x T): all of ``forward`` but ``observe``, a pure function
-        of its inputs, which ``--compile-layers`` compiles whole."""
+        of its inputs, which ``--compile-layers`` compiles whole. Two paths (``--attention-backend flex`` computes
+        each in one FlexAttention call, ``layers/flex.py``):
+
+        - band (a causal layer in strict mode, the LM's default): ``run_band``, each token and its ``l - 1`` most
+          recent predecessors in its group, one sort per head set;
+        - windows (paper mode, and every bidirectional layer: the QA encoder): ``run_windows`` on the sequence
+          sorted by group id, the paper's overlapping windows.
+        """
         ids = self.group_ids(x, padding_mask)  # B x T
         if self.band:
             groups = self.band_groups(ids, padding_mask)  # n x B x T
@@ -136,23 +150,25 @@ class SortedWindowLayer(WindowedTransformerLayer):
             if self.attention_backend == "flex":
                 return flex_band_forward(self, x, padding_mask, orders, sorted_groups), ids
             return self.run_band(x, padding_mask, orders, sorted_groups, next_values=self.values == "next"), ids
-        sorted_ids, order = stable_sort(ids)  # B x T each
+        _, order = stable_sort(ids)  # B x T
         if self.attention_backend == "flex":
             return flex_windows_forward(self, x, padding_mask, order), ids
         scheme = WindowScheme(self.settings.window_size, self.settings.window_stride, x.size(1))
         return self.run_windows(x, scheme, padding_mask, order=order), ids
 
 
-class NeighbourGroupLayer(SortedWindowLayer):
-    """A sorted-window layer whose strict mode attends within groups of neighbouring clusters (or buckets), cut
-    at fixed points of the cluster order (``ops.cluster_groups``). Two groupings, shifted by half a group, serve
-    the two halves of the heads, so that no cluster is at a group boundary for every head."""
+class ContentGroupedLayer(SortedWindowLayer):
+    """A sorted-window layer whose group ids come from the states' content and are ordered so that neighbouring ids
+    are alike: Cluster-Former's clusters (greedily ordered centroids) and LSH's buckets. Its strict mode attends
+    within groups of neighbouring ids, cut at fixed points of that order, balanced by each id's share of the tokens
+    (``ops.cluster_groups``). Two groupings, shifted by half a group, serve the two halves of the heads, so that no
+    cluster is at a group boundary for every head."""
 
     def __init__(
-        self, settings: LayerSettings, num_groups: int, causality: str, band_groups: int, values: str = "own"
+        self, settings: LayerSettings, num_groups: int, causality: str, num_band_groups: int, values: str = "own"
     ) -> None:
-        super().__init__(settings, num_groups, causality, band_groups, values)
-        self.num_band_groups = band_groups
+        super().__init__(settings, num_groups, causality, num_band_groups, values)
+        self.num_band_groups = num_band_groups
         self.groupings = 2 if settings.heads % 2 == 0 else 1
         # cluster -> group per grouping (n x P); derived from the shares, so not saved: ``update_groups`` redoes it
         # whenever the shares change, which keeps host work and syncs out of the forward pass

@@ -4,8 +4,8 @@ from a generator of its own, seeded from torch's seed, never from torch's global
 Why: a layer that drew from the global stream would move every later draw of the run - the QA heads' initial weights
 (built after the encoder), every dropout mask - so a long-range run and the sliding-window run of the same ``--seed``
 would differ in more than their long-range layers. Drawn from streams of their own, a hybrid layer (its gate starts
-at 0) leaves the run at update 0 exactly the sliding-window run of its seed, heads included, and the paired
-comparison of table b compares what the layers do, not two random starts.
+at 0) leaves the run at update 0 exactly the sliding-window run of its seed, heads included, and a paired
+comparison of the two compares what the layers do, not two random starts.
 
 A draw's seed mixes ``torch.initial_seed()`` (what was last given to ``torch.manual_seed``: fairseq's ``--seed`` when
 the model is built, ``--seed`` + the number of updates at every training step, which it seeds again), the layer's

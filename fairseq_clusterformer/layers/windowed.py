@@ -10,6 +10,7 @@ Layers take and return B x T x C: windows and sorting gather along T, which is s
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -21,7 +22,8 @@ from fairseq_clusterformer.layers.compiled import compilable
 from fairseq_clusterformer.layers.flex import flex_sliding_forward
 from fairseq_clusterformer.layers.settings import SLIDING_WINDOW_CHOICES, WINDOW_MERGE_CHOICES, LayerSettings
 from fairseq_clusterformer.ops.attention import masked_attention, next_value_attention
-from fairseq_clusterformer.ops.clustering import gather_tokens, inverse_permutation, permute_tokens
+from fairseq_clusterformer.ops.clustering import sort_window_unsort
+from fairseq_clusterformer.ops.masks import valid_tokens
 from fairseq_clusterformer.ops.step_cache import gather_rows, push_recent, push_rows, ring_filled, step_window_mask
 from fairseq_clusterformer.ops.window_scheme import Windowing, WindowScheme
 
@@ -71,47 +73,44 @@ class WindowedTransformerLayer(nn.Module):
         self.activation_fn = utils.get_activation_fn(settings.activation_fn)
 
     def run_windows(
-        self,
-        x: Tensor,
-        scheme: Windowing,
-        padding_mask: Tensor | None,
-        order: Tensor | None = None,
-        ids: Tensor | None = None,
+        self, x: Tensor, scheme: Windowing, padding_mask: Tensor | None, order: Tensor | None = None
     ) -> Tensor:
-        """Run the layer on every window of ``x`` (B x T x C) and return B x T x C in the input's order.
+        """The paper's windows: run the layer on every window of ``x`` (B x T x C) and return B x T x C in the input
+        order, each token the mean of its windows' outputs (eq. 2; eq. 6-8 on a sorted sequence).
 
-        order: B x T permutation applied before windowing (a clustered layer's sort), or None;
-        ids: B x T group ids in sorted order, for the band scheme; padding_mask: B x T, True at pads.
+        order: B x T permutation applied before windowing (a long-range layer's sort, eq. 5), or None (a sliding
+        window); padding_mask: B x T, True at pads.
         """
-        bsz, length, channels = x.shape
+        bsz, _, channels = x.shape
         s = self.settings
-        valid = torch.ones_like(x[..., 0], dtype=torch.bool) if padding_mask is None else ~padding_mask  # B x T
-        if order is None:
-            positions = torch.arange(length, device=x.device).expand(bsz, length)  # B x T
-        else:
-            inverse = inverse_permutation(order)  # B x T
-            x, valid, positions = permute_tokens(x, order, inverse), gather_tokens(valid, order), order  # sorted
-        allowed = scheme.mask(positions, valid, s.causal, ids).flatten(0, 1)  # (B*K) x Lq x Lk
 
-        h = self.self_attn_layer_norm(x) if s.normalize_before else x
-        # the projections act on each token alone, so they run once per token, before windowing
-        q = scheme.queries(self.self_attn.q_proj(h)).flatten(0, 1)  # (B*K) x Lq x C
-        k = scheme.keys(self.self_attn.k_proj(h)).flatten(0, 1)  # (B*K) x Lk x C
-        v = scheme.keys(self.self_attn.v_proj(h)).flatten(0, 1)  # (B*K) x Lk x C
-        attn_dropout = s.attention_dropout if self.training else 0.0
-        attn = masked_attention(q, k, v, allowed, s.heads, attn_dropout)  # (B*K) x Lq x C
-
-        if s.window_merge == "attention":
-            # average the (pre-projection) attention outputs of overlapping windows, then finish the layer once
-            # per token; out_proj is affine, so projecting after the mean equals the mean of the projections
-            attn = scheme.merge(attn.view(bsz, scheme.count, -1, channels))  # B x T x C
-            out = self._finish(x, self.self_attn.out_proj(attn))  # B x T x C
-        else:
+        def windows(x: Tensor, valid: Tensor, positions: Tensor) -> Tensor:
+            """x, valid, positions (B x T) in window order -> B x T x C in that order."""
+            h = self.self_attn_layer_norm(x) if s.normalize_before else x
+            # the projections act on each token alone, so they run once per token, before windowing
+            proj = self.self_attn
+            attn = self.window_attention(scheme, proj.q_proj(h), proj.k_proj(h), proj.v_proj(h), valid, positions)
+            if s.window_merge == "attention":
+                # average the (pre-projection) attention outputs of overlapping windows, then finish the layer once
+                # per token; out_proj is affine, so projecting after the mean equals the mean of the projections
+                attn = scheme.merge(attn.view(bsz, scheme.count, -1, channels))  # B x T x C
+                return self._finish(x, self.self_attn.out_proj(attn))  # B x T x C
             y = self._finish(scheme.queries(x).flatten(0, 1), self.self_attn.out_proj(attn))  # (B*K) x Lq x C
-            out = scheme.merge(y.view(bsz, scheme.count, -1, channels))  # B x T x C
-        if order is not None:
-            out = permute_tokens(out, inverse, order)
-        return out
+            return scheme.merge(y.view(bsz, scheme.count, -1, channels))  # B x T x C
+
+        return sort_window_unsort(x, valid_tokens(x, padding_mask), order, windows)
+
+    def window_attention(
+        self, scheme: Windowing, q: Tensor, k: Tensor, v: Tensor, valid: Tensor, positions: Tensor
+    ) -> Tensor:
+        """The attention of every window's queries, (B*K) x Lq x C, before ``out_proj``: q, k, v (B x T x C each),
+        valid and positions (B x T) in window order (``sort_window_unsort``)."""
+        s = self.settings
+        allowed = scheme.mask(positions, valid, s.causal).flatten(0, 1)  # (B*K) x Lq x Lk
+        q = scheme.queries(q).flatten(0, 1)  # (B*K) x Lq x C
+        k = scheme.keys(k).flatten(0, 1)  # (B*K) x Lk x C
+        v = scheme.keys(v).flatten(0, 1)  # (B*K) x Lk x C
+        return masked_attention(q, k, v, allowed, s.heads, s.attention_dropout if self.training else 0.0)
 
     def run_band(
         self,
@@ -121,8 +120,9 @@ class WindowedTransformerLayer(nn.Module):
         sorted_groups: Tensor,
         next_values: bool = False,
     ) -> Tensor:
-        """Strict causality: the heads split into n sets; set j attends on the sequence sorted by ``orders[j]``,
-        each token to itself and the ``l - 1`` most recent earlier tokens of its group (``sorted_groups[j]``).
+        """The strict band (the LM's ``--cluster-causality strict``, not the paper's windows): the heads split into n
+        sets; set j attends on the sequence sorted by ``orders[j]``, each token to itself and the ``l - 1`` most
+        recent earlier tokens of its group (``sorted_groups[j]``).
 
         x: B x T x C; orders, sorted_groups: n x B x T (group ids in sorted order, pads behind every real token).
         Every token is a query exactly once per head set, so nothing is merged: the attention outputs of the sets
@@ -138,7 +138,6 @@ class WindowedTransformerLayer(nn.Module):
             raise ValueError(f"{s.heads} attention heads cannot be split into {sets} equal head sets")
         width = channels // sets
         scheme = WindowScheme(s.window_size, s.window_stride, length, band=True)
-        valid = torch.ones_like(x[..., 0], dtype=torch.bool) if padding_mask is None else ~padding_mask  # B x T
         h = self.self_attn_layer_norm(x) if s.normalize_before else x
         proj = self.self_attn
         v = proj.v_proj(h)  # B x T x C
@@ -149,17 +148,10 @@ class WindowedTransformerLayer(nn.Module):
             parts.append(torch.cat([v[:, 1:], torch.zeros_like(v[:, :1])], dim=1))  # B x T x C
         qkv = torch.stack(parts, dim=2)  # B x T x (3 or 4) x C
         attn_dropout = s.attention_dropout if self.training else 0.0
-        outs = []
-        # n is 1 or 2 (a constant of the layer), so this loop does not grow with T, B, P or the number of windows
-        for j in range(sets):
-            part = qkv[..., j * width : (j + 1) * width]  # B x T x (3 or 4) x C/n
-            if orders is None:
-                order = torch.arange(length, device=x.device).expand(bsz, length)  # B x T, positions as they are
-                allowed = scheme.mask(order, valid, True, sorted_groups[j]).flatten(0, 1)
-            else:
-                order, inverse = orders[j], inverse_permutation(orders[j])  # B x T each
-                part = permute_tokens(part, order, inverse)  # sorted
-                allowed = scheme.mask(order, gather_tokens(valid, order), True, sorted_groups[j]).flatten(0, 1)
+
+        def band(part: Tensor, valid: Tensor, positions: Tensor, groups: Tensor) -> Tensor:
+            """One head set's q, k, v (B x T x (3 or 4) x C/n) in band order -> its attention B x T x C/n."""
+            allowed = scheme.mask(positions, valid, True, groups).flatten(0, 1)  # (B*K) x m x (l-1+m)
             q = scheme.queries(part[:, :, 0]).flatten(0, 1)  # (B*K) x m x C/n
             k = scheme.keys(part[:, :, 1]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
             if next_values:
@@ -172,8 +164,19 @@ class WindowedTransformerLayer(nn.Module):
             else:
                 v = scheme.keys(part[:, :, 2]).flatten(0, 1)  # (B*K) x (l-1+m) x C/n
                 attn = masked_attention(q, k, v, allowed, s.heads // sets, attn_dropout)  # (B*K) x m x C/n
-            attn = scheme.merge(attn.view(bsz, scheme.count, -1, width))  # B x T x C/n, sorted
-            outs.append(attn if orders is None else permute_tokens(attn, inverse, order))  # input order
+            return scheme.merge(attn.view(bsz, scheme.count, -1, width))  # B x T x C/n: the blocks end to end
+
+        valid = valid_tokens(x, padding_mask)  # B x T
+        outs = [
+            # n is 1 or 2 (a constant of the layer), so this loop does not grow with T, B, P or the number of windows
+            sort_window_unsort(
+                qkv[..., j * width : (j + 1) * width],  # B x T x (3 or 4) x C/n
+                valid,
+                None if orders is None else orders[j],
+                functools.partial(band, groups=sorted_groups[j]),
+            )  # B x T x C/n, input order
+            for j in range(sets)
+        ]
         return self._finish(x, proj.out_proj(torch.cat(outs, dim=-1)))  # B x T x C
 
     @property

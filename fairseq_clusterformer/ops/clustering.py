@@ -1,9 +1,12 @@
-"""Cluster assignment and the sort / unsort permutations of a Cluster-Former layer.
+"""Cluster assignment and the sort / unsort permutations of a Cluster-Former layer, and the one path every windowed
+layer takes through them: sort, window, unsort (``sort_window_unsort``).
 
 B = batch, T = tokens, C = channels, P = clusters.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -90,6 +93,39 @@ def gather_tokens(x: Tensor, order: Tensor) -> Tensor:
     """x[b, order[b, t]] for x of shape B x T x ... and order B x T (differentiable)."""
     index = order.reshape(*order.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])  # B x T x ...
     return torch.gather(x, 1, index)
+
+
+def sorted_positions(valid: Tensor, order: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The original positions (B x T) and validity (B x T, False at pads) of the tokens sorted by the permutation
+    ``order`` (B x T; None: the tokens as they are). Windows of a sorted sequence mask on these positions
+    (``WindowScheme.mask``), so causality is judged in the input order, not in the sorted one."""
+    if order is None:
+        return torch.arange(valid.size(1), device=valid.device).expand_as(valid), valid  # B x T each
+    return order, gather_tokens(valid, order)
+
+
+def sort_window_unsort(
+    tokens: Tensor,
+    valid: Tensor,
+    order: Tensor | None,
+    windowed: Callable[[Tensor, Tensor, Tensor], Tensor],
+) -> Tensor:
+    """Run ``windowed`` on ``tokens`` (B x T x ...) sorted by the permutation ``order`` (B x T) and return its output
+    in the input order (paper eq. 5, then eq. 7's unsort).
+
+    windowed(sorted tokens, their validity B x T, their original positions B x T) returns one B x T x ... row per
+    sorted token: it cuts the sorted sequence into windows, attends within them and merges them back. ``order`` None
+    (a sliding window) runs it on the tokens as they are, nothing gathered. Every windowed path of the layers runs
+    through here: the paper's windows (``WindowedTransformerLayer.run_windows``), the strict band (``run_band``), the
+    hybrid layer's far branch and the flex backend; the statistics (``SortedWindowLayer.attention_layouts``) take
+    the same positions from ``sorted_positions``.
+    """
+    positions, sorted_valid = sorted_positions(valid, order)
+    if order is None:
+        return windowed(tokens, sorted_valid, positions)
+    inverse = inverse_permutation(order)  # B x T
+    out = windowed(permute_tokens(tokens, order, inverse), sorted_valid, positions)  # B x T x ..., sorted
+    return permute_tokens(out, inverse, order)
 
 
 def cluster_counts(ids: Tensor, num_clusters: int, padding_mask: Tensor | None = None) -> Tensor:

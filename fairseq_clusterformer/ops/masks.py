@@ -7,7 +7,13 @@ softmax NaN, and a NaN in a discarded pad row still poisons the gradients throug
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
+
+
+def valid_tokens(x: Tensor, padding_mask: Tensor | None) -> Tensor:
+    """B x T, False at pads, for states x (B x T x C) and fairseq's padding mask (B x T, True at pads, or None)."""
+    return torch.ones_like(x[..., 0], dtype=torch.bool) if padding_mask is None else ~padding_mask
 
 
 def window_mask(q_pos: Tensor, k_pos: Tensor, k_valid: Tensor, causal: bool) -> Tensor:
