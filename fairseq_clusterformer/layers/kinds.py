@@ -8,7 +8,7 @@ the recipes (their flags refuse an unknown kind), the benchmarks' variants and t
 parametrisations. An unknown kind is refused with the known ones named.
 
 What a row's class is decides how it is built and what it takes part in:
-- a ``NeighbourGroupLayer`` (cluster, LSH) groups tokens by content into ``--num-clusters`` groups, which the strict
+- a ``ContentGroupedLayer`` (cluster, LSH) groups tokens by content into ``--num-clusters`` groups, which the strict
   mode gathers into ``--cluster-groups`` runs of neighbouring groups; it is built as
   ``layer(settings, num_clusters, causality, num_band_groups, values, stream=)``; qa-reach measures where its far keys
   lie. Any other kind takes its groups from positions (sparse) and is built as ``layer(settings, causality, values)``;
@@ -38,7 +38,7 @@ from fairseq_clusterformer.layers.settings import (
     check_choice,
     check_long_range,
 )
-from fairseq_clusterformer.layers.sorted_window import NeighbourGroupLayer, SortedWindowLayer
+from fairseq_clusterformer.layers.sorted_window import ContentGroupedLayer, SortedWindowLayer
 
 # the flag's value for sliding windows at every position: no long-range layer, so no row
 NO_LONG_RANGE = "none"
@@ -59,7 +59,7 @@ class LongRangeKind:
     @property
     def grouped(self) -> bool:
         """Content groups of --num-clusters, gathered into --cluster-groups in the strict mode (cluster, LSH)."""
-        return issubclass(self.layer, NeighbourGroupLayer)
+        return issubclass(self.layer, ContentGroupedLayer)
 
     @property
     def uses_clusters(self) -> bool:
