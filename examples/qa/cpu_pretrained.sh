@@ -154,6 +154,7 @@ python "$here/encoder_source.py" check-layers "$HF" "$LONG_RANGE_LAYERS" "$KIND"
 # 4. fine-tuning, one thread per core; the imported encoder fixes the model's sizes (--roberta-path); the train log
 #    is appended to, so that a resumed run's log keeps its first part, and the terminal shows how far it got
 NAME="${CONTEXTS}_${VARIANT}_seed$SEED"
+echo "| run $NAME: $OUT/$NAME"
 made_from "$OUT/$NAME"
 done_before="$(progress "$NAME")"
 read -r done_updates hours_before <<< "$done_before"

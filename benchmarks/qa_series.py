@@ -1,0 +1,192 @@
+"""One QA series of table b, from its settings file to its table: the runs it lacks trained (or resumed), each
+finished run scored, analysed and collected into the series' folder, then the paired table printed.
+
+    python benchmarks/qa_series.py benchmarks/results/qa_pretrained/cpu_budget --runs ~/qa_scale/runs
+    python benchmarks/qa_series.py SERIES --runs DIR --dry-run      # what it would do, nothing run
+
+SERIES/series.json is the series' one settings file:
+
+    {"contexts": "article",                    # examples/qa/cpu_pretrained.sh --contexts
+     "settings": {"UPDATES": 1400, ...},       # the recipe's environment, the same for every run of the series
+     "variants": {"none": {"KIND": "none"}, "cluster-layer6": {"KIND": "cluster", "LONG_RANGE_LAYERS": 6}},
+     "seeds": [1, 2],
+     "parallel": 2,                            # runs side by side (a pair: one thread each)
+     "reach": ["cluster-layer6"],              # fairseq-clusterformer-qa-reach on these variants' checkpoints
+     "ablation": ["cluster-layer6"],           # benchmarks/qa_cluster_ablation.py on these
+     "analysis_questions": 300,                # the held-out questions reach and the ablation read
+     "table": {"squad": "examples/data/squad/dev-v1.1.json", "held_out_from": 40, "baseline_from": null}}
+
+A run is done when its folder SERIES/CONTEXTS_VARIANT_seedSEED is committed. Any other run is trained by the recipe
+in RUNS (outside the work tree), which resumes it from its checkpoint_last.pt where one is there; a run the recipe's
+MAX_HOURS stops gets its progress record in SERIES/progress/ (benchmarks/qa_progress.py), to be continued by the same
+command in a later session; a finished one is scored by the recipe, then reach and the ablation run on it, and
+benchmarks/qa_cpu_collect.py copies it into SERIES (its training seconds: the hours its checkpoint records).
+Arguments after `--` go to the recipe (`-- --hf DIR --data DIR`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
+BENCHMARKS = REPO / "benchmarks"
+KEYS = {"contexts", "settings", "variants", "seeds", "parallel", "reach", "ablation", "analysis_questions", "table"}
+# series key -> (the tool, the JSON it writes in the run folder, qa_cpu_collect.py's flag for it)
+ANALYSES = {
+    "reach": (["fairseq-clusterformer-qa-reach"], "reach.json", "--reach"),
+    "ablation": ([sys.executable, BENCHMARKS / "qa_cluster_ablation.py"], "cluster_ablation.json", "--ablation"),
+}
+STOPPED = 3  # the recipe's exit status for a run MAX_HOURS stopped before its last update
+
+
+def fail(why: str) -> None:
+    print(f"qa_series.py: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load_series(folder: Path) -> dict:
+    path = folder / "series.json"
+    if not path.is_file():
+        fail(f"{path} not found: a series folder holds its settings file series.json")
+    try:
+        series = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        fail(f"{path}: not JSON ({error})")
+    unknown, missing = set(series) - KEYS, {"contexts", "settings", "variants", "seeds"} - set(series)
+    if unknown or missing:
+        fail(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)} (known: {sorted(KEYS)})")
+    for key in ("reach", "ablation"):
+        stray = set(series.get(key, [])) - set(series["variants"])
+        if stray:
+            fail(f"{path}: '{key}' names {sorted(stray)}, not among the variants {sorted(series['variants'])}")
+    return series
+
+
+def committed(folder: Path, series: dict, variant: str, seed: int) -> Path:
+    """Where qa_cpu_collect.py puts the run (the row name of table b)."""
+    return folder / f"{series['contexts']}_{variant}_seed{seed}"
+
+
+def recipe_env(series: dict, variant: str, seed: int) -> list[str]:
+    """The recipe's environment for one run, as KEY=VALUE words: the series' settings, the variant's, the seed."""
+    env = {**series["settings"], **series["variants"][variant], "SEED": seed}
+    return [f"{key}={value}" for key, value in env.items()]
+
+
+def recipe_command(series: dict, variant: str, seed: int, runs: Path, extra: list[str]) -> list[str]:
+    return ["env", *recipe_env(series, variant, seed), "bash", str(RECIPE), "--contexts", series["contexts"],
+            "--out", str(runs), *extra]  # fmt: skip
+
+
+def run_folder(command: list[str]) -> Path:
+    """The folder the recipe trains this run in, as its dry run names it ('| run NAME: PATH')."""
+    proc = subprocess.run([*command, "--dry-run"], capture_output=True, text=True, cwd=REPO)
+    found = re.search(r"^\| run \S+: (.+)$", proc.stdout, re.MULTILINE)
+    if proc.returncode != 0 or not found:
+        fail(f"the recipe's dry run failed ({shlex.join(command)} --dry-run):\n{proc.stderr.strip()}")
+    return Path(found[1])
+
+
+def scored(run: Path) -> bool:
+    """The recipe scored this run: its summary.json holds the run's own row (written after the predictions)."""
+    summary = run / "summary.json"
+    return summary.is_file() and run.name in json.loads(summary.read_text(encoding="utf-8"))
+
+
+def logged(command: list[object]) -> None:
+    words = list(map(str, command))
+    print(f"+ {shlex.join(words)}", flush=True)
+    subprocess.run(words, cwd=REPO, check=True)
+
+
+def python(script: str, *args: object) -> None:
+    logged([sys.executable, BENCHMARKS / script, *args])
+
+
+def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path) -> None:
+    """Reach and the ablation (where the series asks for them) on the finished run, then its folder collected."""
+    data = run.parent / f"squad_{series['contexts']}" / "bin"
+    checkpoint = run / "checkpoint_last.pt"
+    common = ["--path", checkpoint, "--max-examples", series.get("analysis_questions", 300), "--cpu"]
+    if series["settings"].get("PRECISION") == "bf16":
+        common.append("--autocast-bf16")
+    collect: list[object] = []
+    for key, (tool, name, flag) in ANALYSES.items():
+        if variant not in series.get(key, []):
+            continue
+        # one written by an earlier call of this command is kept: each is a pure function of the checkpoint
+        if not (run / name).is_file():
+            logged([*tool, data, *common, "--json", run / name])
+        collect += [flag, run / name]
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "checkpoint_progress.py"), str(checkpoint)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    hours = float(proc.stdout.split()[1])
+    python("qa_cpu_collect.py", run, "--results", folder, *collect, "--train-seconds", round(hours * 3600))
+    if not committed(folder, series, variant, int(run.name.rsplit("_seed", 1)[1])).is_dir():
+        fail(f"series.json's variant '{variant}' is not the row name qa_cpu_collect.py gave {run.name} in {folder}")
+
+
+def print_table(folder: Path, series: dict) -> None:
+    table = series.get("table", {})
+    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", str(folder),
+               "--squad", table.get("squad", "examples/data/squad/dev-v1.1.json"),
+               "--held-out-from", str(table.get("held_out_from", 40))]  # fmt: skip
+    if table.get("baseline_from"):
+        command += ["--baseline-from", str((folder / table["baseline_from"]).resolve())]
+    logged(command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("series", type=Path, help="the series' results folder, holding series.json")
+    parser.add_argument("--runs", type=Path, required=True, help="where the runs train (outside the work tree)")
+    parser.add_argument("--dry-run", action="store_true", help="say what is done and what would run; run nothing")
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    folder, series = args.series.resolve(), load_series(args.series)
+    todo = []
+    for variant in series["variants"]:
+        for seed in series["seeds"]:
+            done = committed(folder, series, variant, seed)
+            if done.is_dir():
+                print(f"| {variant} seed {seed}: committed ({done})")
+                continue
+            command = recipe_command(series, variant, seed, args.runs.resolve(), extra)
+            print(f"| {variant} seed {seed}: to run: {shlex.join(command)}")
+            todo.append((variant, seed, command))
+    if args.dry_run:
+        return 0
+    width = int(series.get("parallel", 1))
+    if todo:  # the encoder's import and the data, once, before runs side by side would both make them in one folder
+        logged([*todo[0][2], "--prepare-only"])
+    for start in range(0, len(todo), width):
+        batch = [(*row, run_folder(row[2])) for row in todo[start : start + width]]  # (variant, seed, command, run)
+        # a run scored in an earlier call (its analysis or collection stopped) is not trained or scored again
+        procs = [None if scored(run) else subprocess.Popen(command, cwd=REPO) for _, _, command, run in batch]
+        for (variant, seed, command, run), proc in zip(batch, procs):
+            status = 0 if proc is None else proc.wait()
+            if status == STOPPED:
+                record = folder / "progress" / f"{run.name}.json"
+                updates = series["settings"].get("UPDATES", 700)
+                python("qa_progress.py", "record", run, "--updates", updates, "--command", shlex.join(command),
+                       "--record", record)  # fmt: skip
+                print(f"| {variant} seed {seed}: stopped by MAX_HOURS; the same command continues it ({record})")
+            elif status != 0:
+                fail(f"{variant} seed {seed}: the recipe exited with {status}: {shlex.join(command)}")
+            else:
+                analyse_and_collect(folder, series, variant, run)
+    if any(committed(folder, series, v, s).is_dir() for v in series["variants"] for s in series["seeds"]):
+        print_table(folder, series)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

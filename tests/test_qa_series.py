@@ -1,0 +1,84 @@
+"""benchmarks/qa_series.py, a series of table b from its settings file: on a tiny encoder, a pair of runs stopped by
+MAX_HOURS leaves a progress record each and no result; the same command later finishes them, runs reach and the
+cluster ablation on the Cluster-Former run, collects both and prints the paired table; a third call finds every
+run committed and runs nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, subprocess_env
+from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
+
+SERIES = REPO / "benchmarks" / "qa_series.py"
+SETTINGS = dict(TRAIN_ARTICLES=2, UPDATES=3, BATCH=4, WINDOW=48, STRIDE=40, MAX_QUESTION=60, MAX_CONTEXT_TRAIN=256,
+                CLUSTERS=4, KMEANS_INTERVAL=2, MEMORY=2000, THREADS=1, PRECISION="fp32", SAVE_INTERVAL=1)  # fmt: skip
+
+
+def series_command(folder, runs, src, data, *more):
+    return [sys.executable, str(SERIES), str(folder), "--runs", str(runs), *more, "--", "--hf", str(src),
+            "--data", str(data)]  # fmt: skip
+
+
+def write_series(folder, squad, max_hours):
+    series = {
+        "contexts": "article",
+        "settings": {**SETTINGS, "MAX_HOURS": max_hours},
+        "variants": {"none": {"KIND": "none"}, "cluster-layer6": {"KIND": "cluster", "LONG_RANGE_LAYERS": 6}},
+        "seeds": [2],
+        "parallel": 2,
+        "reach": ["cluster-layer6"],
+        "ablation": ["cluster-layer6"],
+        "analysis_questions": 8,
+        "table": {"squad": str(squad / "dev-v1.1.json"), "held_out_from": 2},
+    }
+    (folder / "series.json").write_text(json.dumps(series), encoding="utf-8")
+
+
+def run(command):
+    proc = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.e2e
+def test_a_series_trains_what_it_lacks_resumes_collects_and_prints_its_table(tmp_path):
+    src = tiny_bert(tmp_path)
+    data, _ = small_squad(tmp_path)
+    folder, runs = tmp_path / "series", tmp_path / "runs"
+    folder.mkdir()
+    command = series_command(folder, runs, src, data)
+    write_series(folder, data, max_hours=0.000001)  # stops each run after its first update
+    out = run(command)
+    assert out.count("stopped by MAX_HOURS") == 2, out
+    records = sorted(p.name for p in (folder / "progress").iterdir())
+    assert records == ["article_cluster-layer6_seed2.json", "article_none_seed2.json"], records
+    assert json.loads((folder / "progress" / records[0]).read_text())["updates_done"] == 1
+    assert not any(p.name.startswith("article_") and p.is_dir() for p in folder.iterdir())
+
+    write_series(folder, data, max_hours=1)
+    out = run(command)
+    cluster, none = folder / "article_cluster-layer6_seed2", folder / "article_none_seed2"
+    assert json.loads((none / "summary.json").read_text())["settings"]["updates"] == 3
+    for name in ("summary.json", "valid.pred.json", "reach.json", "cluster_ablation.json"):
+        assert (cluster / name).is_file(), name
+    assert not (none / "reach.json").exists() and not (none / "cluster_ablation.json").exists()
+    assert "cluster-layer6" in out and "| none seed 2: to run" in out  # the table's row, after the plan
+
+    out = run(command)
+    assert "to run" not in out and out.count(": committed") == 2, out
+
+
+def test_a_series_file_naming_an_unknown_variant_is_refused(tmp_path):
+    (tmp_path / "series.json").write_text(
+        json.dumps({"contexts": "article", "settings": {}, "variants": {"none": {"KIND": "none"}}, "seeds": [1],
+                    "ablation": ["cluster-layer6"]}),  # fmt: skip
+        encoding="utf-8",
+    )
+    proc = subprocess.run([sys.executable, str(SERIES), str(tmp_path), "--runs", str(tmp_path / "r"), "--dry-run"],
+                          env=subprocess_env(), capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and "'ablation' names ['cluster-layer6']" in proc.stderr, proc.stderr
