@@ -1,8 +1,8 @@
 """One QA series of table b, from its settings file to its table: the runs it lacks trained (or resumed), each
 finished run scored, analysed and collected into the series' folder, then the paired table printed.
 
-    python benchmarks/qa_series.py benchmarks/results/qa_pretrained/cpu_budget --runs ~/qa_scale/runs
-    python benchmarks/qa_series.py SERIES --runs DIR --dry-run      # what it would do, nothing run
+    python -m benchmarks.qa_series benchmarks/results/qa_pretrained/cpu_budget --runs ~/qa_scale/runs
+    python -m benchmarks.qa_series SERIES --runs DIR --dry-run      # what it would do, nothing run
 
 SERIES/series.json is the series' one settings file:
 
@@ -12,16 +12,17 @@ SERIES/series.json is the series' one settings file:
      "seeds": [1, 2],
      "parallel": 2,                            # runs side by side (a pair: one thread each)
      "reach": ["cluster-layer6"],              # fairseq-clusterformer-qa-reach on these variants' checkpoints
-     "ablation": ["cluster-layer6"],           # benchmarks/qa_cluster_ablation.py on these
+     "ablation": ["cluster-layer6"],           # python -m benchmarks.qa_cluster_ablation on these
      "analysis_questions": 300,                # the held-out questions reach and the ablation read
      "table": {"squad": "examples/data/squad/dev-v1.1.json", "held_out_from": 40, "baseline_from": null}}
 
 A run is done when its folder SERIES/CONTEXTS_VARIANT_seedSEED is committed. Any other run is trained by the recipe
 in RUNS (outside the work tree), which resumes it from its checkpoint_last.pt where one is there; a run the recipe's
-MAX_HOURS stops gets its progress record in SERIES/progress/ (benchmarks/qa_progress.py), to be continued by the same
+MAX_HOURS stops gets its progress record in SERIES/progress/ (benchmarks.qa_progress), to be continued by the same
 command in a later session; a finished one is scored by the recipe, then reach and the ablation run on it, and
-benchmarks/qa_cpu_collect.py copies it into SERIES (its training seconds: the hours its checkpoint records).
-Arguments after `--` go to the recipe (`-- --hf DIR --data DIR`).
+benchmarks.qa_cpu_collect copies it into SERIES (its training seconds: the hours its checkpoint records).
+Arguments after `--` go to the recipe (`-- --hf DIR --data DIR`). Run from the checkout whose code is to train (a
+clone at a fixed commit, so that edits to the work tree never reach a run in progress); SERIES may lie in another.
 """
 
 from __future__ import annotations
@@ -36,12 +37,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
-BENCHMARKS = REPO / "benchmarks"
 KEYS = {"contexts", "settings", "variants", "seeds", "parallel", "reach", "ablation", "analysis_questions", "table"}
 # series key -> (the tool, the JSON it writes in the run folder, qa_cpu_collect.py's flag for it)
 ANALYSES = {
     "reach": (["fairseq-clusterformer-qa-reach"], "reach.json", "--reach"),
-    "ablation": ([sys.executable, BENCHMARKS / "qa_cluster_ablation.py"], "cluster_ablation.json", "--ablation"),
+    "ablation": ([sys.executable, "-m", "benchmarks.qa_cluster_ablation"], "cluster_ablation.json", "--ablation"),
 }
 STOPPED = 3  # the recipe's exit status for a run MAX_HOURS stopped before its last update
 
@@ -106,8 +106,8 @@ def logged(command: list[object]) -> None:
     subprocess.run(words, cwd=REPO, check=True)
 
 
-def python(script: str, *args: object) -> None:
-    logged([sys.executable, BENCHMARKS / script, *args])
+def python(module: str, *args: object) -> None:
+    logged([sys.executable, "-m", f"benchmarks.{module}", *args])
 
 
 def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path) -> None:
@@ -128,14 +128,14 @@ def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path) -> 
     proc = subprocess.run([sys.executable, str(REPO / "examples" / "checkpoint_progress.py"), str(checkpoint)],
                           capture_output=True, text=True, check=True)  # fmt: skip
     hours = float(proc.stdout.split()[1])
-    python("qa_cpu_collect.py", run, "--results", folder, *collect, "--train-seconds", round(hours * 3600))
+    python("qa_cpu_collect", run, "--results", folder, *collect, "--train-seconds", round(hours * 3600))
     if not committed(folder, series, variant, int(run.name.rsplit("_seed", 1)[1])).is_dir():
-        fail(f"series.json's variant '{variant}' is not the row name qa_cpu_collect.py gave {run.name} in {folder}")
+        fail(f"series.json's variant '{variant}' is not the row name qa_cpu_collect gave {run.name} in {folder}")
 
 
 def print_table(folder: Path, series: dict) -> None:
     table = series.get("table", {})
-    command = [sys.executable, "-m", "fairseq_clusterformer.qa.scripts.table", "--results", str(folder),
+    command = [sys.executable, "-m", "benchmarks.qa_report.table", "--results", str(folder),
                "--squad", table.get("squad", "examples/data/squad/dev-v1.1.json"),
                "--held-out-from", str(table.get("held_out_from", 40))]  # fmt: skip
     if table.get("baseline_from"):
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     folder, series = args.series.resolve(), load_series(args.series)
     todo = []
-    for variant in series["variants"]:
-        for seed in series["seeds"]:
+    for seed in series["seeds"]:  # seed by seed, so that the runs side by side are pairs of one seed
+        for variant in series["variants"]:
             done = committed(folder, series, variant, seed)
             if done.is_dir():
                 print(f"| {variant} seed {seed}: committed ({done})")
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             if status == STOPPED:
                 record = folder / "progress" / f"{run.name}.json"
                 updates = series["settings"].get("UPDATES", 700)
-                python("qa_progress.py", "record", run, "--updates", updates, "--command", shlex.join(command),
+                python("qa_progress", "record", run, "--updates", updates, "--command", shlex.join(command),
                        "--record", record)  # fmt: skip
                 print(f"| {variant} seed {seed}: stopped by MAX_HOURS; the same command continues it ({record})")
             elif status != 0:

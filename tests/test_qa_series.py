@@ -14,13 +14,13 @@ import pytest
 from tests.conftest import REPO, subprocess_env
 from tests.test_qa_pretrained_recipe import small_squad, tiny_bert
 
-SERIES = REPO / "benchmarks" / "qa_series.py"
+SERIES = [sys.executable, "-m", "benchmarks.qa_series"]
 SETTINGS = dict(TRAIN_ARTICLES=2, UPDATES=3, BATCH=4, WINDOW=48, STRIDE=40, MAX_QUESTION=60, MAX_CONTEXT_TRAIN=256,
                 CLUSTERS=4, KMEANS_INTERVAL=2, MEMORY=2000, THREADS=1, PRECISION="fp32", SAVE_INTERVAL=1)  # fmt: skip
 
 
 def series_command(folder, runs, src, data, *more):
-    return [sys.executable, str(SERIES), str(folder), "--runs", str(runs), *more, "--", "--hf", str(src),
+    return [*SERIES, str(folder), "--runs", str(runs), *more, "--", "--hf", str(src),
             "--data", str(data)]  # fmt: skip
 
 
@@ -74,11 +74,9 @@ def test_a_series_trains_what_it_lacks_resumes_collects_and_prints_its_table(tmp
 
 
 def test_a_series_file_naming_an_unknown_variant_is_refused(tmp_path):
-    (tmp_path / "series.json").write_text(
-        json.dumps({"contexts": "article", "settings": {}, "variants": {"none": {"KIND": "none"}}, "seeds": [1],
-                    "ablation": ["cluster-layer6"]}),  # fmt: skip
-        encoding="utf-8",
-    )
-    proc = subprocess.run([sys.executable, str(SERIES), str(tmp_path), "--runs", str(tmp_path / "r"), "--dry-run"],
-                          env=subprocess_env(), capture_output=True, text=True)  # fmt: skip
+    series = dict(contexts="article", settings={}, variants={"none": {"KIND": "none"}}, seeds=[1])
+    series["ablation"] = ["cluster-layer6"]
+    (tmp_path / "series.json").write_text(json.dumps(series), encoding="utf-8")
+    proc = subprocess.run([*SERIES, str(tmp_path), "--runs", str(tmp_path / "r"), "--dry-run"],
+                          env=subprocess_env(), capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert proc.returncode == 2 and "'ablation' names ['cluster-layer6']" in proc.stderr, proc.stderr
