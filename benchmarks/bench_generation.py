@@ -32,6 +32,7 @@ from benchmarks.common import (
     machine_markdown,
     markdown_table,
     prepare_char_data,
+    stopwatch,
 )
 
 HERE = Path(__file__).resolve()
@@ -81,14 +82,12 @@ def generate(task, model, length: int, prompt: int, device: str = "cpu") -> floa
     tokens = torch.randint(4, len(task.target_dictionary), (1, prompt))
     tokens[0, 0] = task.target_dictionary.eos()
     sample = {"net_input": {"src_tokens": tokens.to(device), "src_lengths": torch.tensor([prompt], device=device)}}
-    start = time.perf_counter()
-    with torch.no_grad():
+    # on a GPU the clock stops when the GPU has finished, not when the last kernel was queued; the wait before it
+    # starts finds the GPU idle (the prompt's copy to it above has already waited for itself)
+    with stopwatch(device) as took, torch.no_grad():
         hypos = task.inference_step(generator, [model], sample)
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()  # the clock stops when the GPU has finished, not when the last kernel was queued
-    elapsed = time.perf_counter() - start
     assert hypos[0][0]["tokens"].numel() == steps + 1, "the generator stopped early"  # + the final end-of-sentence
-    return elapsed
+    return took.wall
 
 
 def uncached_tail(task, model, length: int, steps: int) -> float:
@@ -97,12 +96,11 @@ def uncached_tail(task, model, length: int, steps: int) -> float:
     tokens = torch.randint(4, len(task.target_dictionary), (1, length))
     with torch.no_grad():
         model.decoder(tokens[:, : length - steps], incremental_state={})  # warm-up at the same size
-        start = time.perf_counter()
-        for end in range(length - steps + 1, length + 1):  # the prefixes the generator's last steps pass
-            model.decoder(tokens[:, :end], incremental_state={})
-        elapsed = time.perf_counter() - start
+        with stopwatch() as took:
+            for end in range(length - steps + 1, length + 1):  # the prefixes the generator's last steps pass
+                model.decoder(tokens[:, :end], incremental_state={})
     model.decoder.use_cache = True
-    return elapsed / steps
+    return took.wall / steps
 
 
 def main() -> None:
@@ -130,9 +128,9 @@ def main() -> None:
             task, model = build(name, args)
             generate(task, model, 64, args.prompt)  # warm-up
             for length in args.lengths:
-                cpu = time.process_time()
-                wall = generate(task, model, length, args.prompt)
-                record = {"model": name, "length": length, "wall_s": wall, "cpu_s": time.process_time() - cpu}
+                with stopwatch() as whole:  # CPU time of the whole call (building the generator too), wall: generate's
+                    wall = generate(task, model, length, args.prompt)
+                record = {"model": name, "length": length, "wall_s": wall, "cpu_s": whole.cpu}
                 if name != "transformer_lm":
                     record["uncached_s_per_token"] = uncached_tail(task, model, length, args.tail_steps)
                 records.append(record)

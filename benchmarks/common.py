@@ -1,6 +1,7 @@
-"""What every benchmark shares: the machine it ran on (CPU, or GPU and driver), timing on a CPU and on a CUDA device,
-peak memory, subprocess workers, result files (JSON lines, markdown tables), the layers' shape flags and the
-character-level data. The matmul rate a floor is computed from is the package's (``ops/precision.py``).
+"""What every benchmark shares: the machine it ran on (CPU, or GPU and driver), the one timer (``stopwatch``: wall and
+CPU seconds of a block, on a CPU or a CUDA device) and the repeated timings built on it, peak memory, subprocess
+workers, result files (JSON lines, markdown tables), the layers' shape flags and the character-level data. The matmul
+rate a floor is computed from is the package's (``ops/precision.py``).
 
 Peak memory is the process's peak resident set (VmHWM in /proc/self/status) after resetting it with
 ``/proc/self/clear_refs`` (Linux >= 4.0), measured in a fresh process per case: torch's CPU allocator returns large
@@ -19,6 +20,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -165,6 +169,41 @@ def run_worker(module: str, args: list[str], timeout: float) -> dict:
     return json.loads(lines[-1])
 
 
+@dataclass
+class Stopwatch:
+    """Seconds of one timed region, set when the region ends: ``wall`` on the wall clock, ``cpu`` of this process."""
+
+    wall: float = float("nan")
+    cpu: float = float("nan")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def stopwatch(device: torch.device | str | None = None) -> Iterator[Stopwatch]:
+    """Time the ``with`` block: ``with stopwatch() as took: ...`` then ``took.wall`` and ``took.cpu`` in seconds.
+
+    The one timer of every benchmark. On a CUDA ``device`` it waits for the device before starting and before
+    stopping, so that the clocks count the block's kernels finishing, not only their queueing, and no work queued
+    before the block. ``cpu`` is ``time.process_time``: every thread of this process, not the time the scheduler
+    gave to other jobs, and no time spent asleep or waiting for a subprocess.
+    """
+    device = None if device is None else torch.device(device)
+    took = Stopwatch()
+    if device is not None:
+        sync(device)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    try:
+        yield took
+    finally:  # also when the block raises: how long a failed attempt took is still there to report
+        if device is not None:
+            sync(device)
+        took.wall, took.cpu = time.perf_counter() - start, time.process_time() - start_cpu
+
+
 def timed_repeats(step, warmup: int, repeats: int) -> tuple[list[float], list[float]]:
     """(wall seconds, process CPU seconds) of ``repeats`` calls of ``step()`` after ``warmup`` untimed calls.
 
@@ -176,16 +215,11 @@ def timed_repeats(step, warmup: int, repeats: int) -> tuple[list[float], list[fl
         step()
     wall, cpu = [], []
     for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.process_time()
-        step()
-        wall.append(time.perf_counter() - start)
-        cpu.append(time.process_time() - start_cpu)
+        with stopwatch() as took:
+            step()
+        wall.append(took.wall)
+        cpu.append(took.cpu)
     return wall, cpu
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_step(step, device: torch.device, warmup: int, repeats: int) -> list[float]:
@@ -204,9 +238,9 @@ def time_step(step, device: torch.device, warmup: int, repeats: int) -> list[flo
             torch.cuda.synchronize(device)
             times.append(start.elapsed_time(end) / 1000)
         else:
-            begin = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - begin)
+            with stopwatch() as took:
+                step()
+            times.append(took.wall)
     return times
 
 

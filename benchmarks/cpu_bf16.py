@@ -25,23 +25,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import cpu_model, markdown_table
+from benchmarks.common import cpu_model, markdown_table, stopwatch, timed_repeats
 from fairseq_clusterformer.ops.precision import matmul_gflops
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 KINDS = ("window", "cluster-strict", "lsh", "sparse")
-
-
-def best_cpu_seconds(step, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        step()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        step()
-        best = min(best, time.process_time() - start)
-    return best
 
 
 def layer_seconds(kind: str, precision: str, attention_dropout: float, args) -> float:
@@ -62,7 +51,8 @@ def layer_seconds(kind: str, precision: str, attention_dropout: float, args) -> 
             out = layer(x, pad)
         out.float().sum().backward()
 
-    return best_cpu_seconds(step, 1 if precision != "compiled" else 2, args.repeats)
+    _, cpu = timed_repeats(step, 1 if precision != "compiled" else 2, args.repeats)
+    return min(cpu, default=float("inf"))
 
 
 def layer_linear_flops(tokens: int, window: int = 256, stride: int = 224, dim: int = 384, ffn: int = 1536) -> float:
@@ -97,9 +87,9 @@ def trainer_update_seconds(argv: list[str], repeats: int) -> tuple[float, int]:
         trainer.train_step([sample])
     best = float("inf")
     for sample in samples[2:]:
-        start = time.process_time()
-        trainer.train_step([sample])
-        best = min(best, time.process_time() - start)
+        with stopwatch() as took:
+            trainer.train_step([sample])
+        best = min(best, took.cpu)
     slots = sum(int(t.numel()) for t in samples[-1]["net_input"].values() if torch.is_tensor(t))
     return best, slots
 

@@ -17,10 +17,9 @@ import json
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchmarks.common import cpu_model
+from benchmarks.common import cpu_model, stopwatch
 from fairseq_clusterformer.qa.data.records import SkipLog, read_records
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 
@@ -86,22 +85,21 @@ def main(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as work:
         questions = Path(work) / "questions.jsonl"
         questions.write_text("".join(json.dumps(i) + "\n" for i in items), encoding="utf-8")
-        start = time.perf_counter()
-        loaded, ours = pipeline_answers(args.export, questions, offline_env(Path(work) / "hf_home"))
-        pipeline_s = time.perf_counter() - start
-    start = time.perf_counter()
-    hub = ClusterFormerQAModel.from_pretrained(str(args.checkpoint.parent), args.checkpoint.name, cpu=True)
-    theirs = [answers[0].to_json() for answers in hub.answer_batch(items)]
-    hub_s = time.perf_counter() - start
+        with stopwatch() as pipe:
+            loaded, ours = pipeline_answers(args.export, questions, offline_env(Path(work) / "hf_home"))
+    with stopwatch() as ask:
+        hub = ClusterFormerQAModel.from_pretrained(str(args.checkpoint.parent), args.checkpoint.name, cpu=True)
+        theirs = [answers[0].to_json() for answers in hub.answer_batch(items)]
+    seconds = {"pipeline": round(pipe.wall, 1), "qa_ask": round(ask.wall, 1)}
     same = [(o["answer"], o["start"], o["end"]) == (t["text"], t["start"], t["end"]) for o, t in zip(ours, theirs)]
     report = {"export": str(args.export), "checkpoint": str(args.checkpoint), "questions": len(items),
               "loaded": loaded, "same_answers": sum(same),
               "max_score_difference": max(abs(o["score"] - t["score"]) for o, t in zip(ours, theirs)),
               "right": sum(o["answer"] in r.answers for o, r in zip(ours, records)),
-              "seconds": {"pipeline": round(pipeline_s, 1), "qa_ask": round(hub_s, 1)}, "cpu": cpu_model()}  # fmt: skip
+              "seconds": seconds, "cpu": cpu_model()}  # fmt: skip
     print(f"| {loaded['model']} / {loaded['pipeline']}: {report['same_answers']} of {len(items)} answers equal "
           f"qa-ask's (text and span), largest score difference {report['max_score_difference']:.2e}; "
-          f"{report['right']} right; pipeline {pipeline_s:.0f} s, qa-ask {hub_s:.0f} s")  # fmt: skip
+          f"{report['right']} right; pipeline {pipe.wall:.0f} s, qa-ask {ask.wall:.0f} s")  # fmt: skip
     if args.json is not None:
         report["answers"] = {"pipeline": ours, "qa_ask": theirs}
         args.json.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

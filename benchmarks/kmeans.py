@@ -25,7 +25,6 @@ import json
 import logging
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from benchmarks.common import (
     prepare_char_data,
     read_jsonl,
     run_worker,
+    stopwatch,
 )
 from benchmarks.kmeans_report import measured_on, render
 
@@ -47,15 +47,10 @@ def time_refresh(states: torch.Tensor, clusters: int, iters: int, backend: str, 
     """(wall, process CPU) seconds of one refresh: K-Means, then the greedy order."""
     from fairseq_clusterformer.ops.kmeans import order_centroids, spherical_kmeans
 
-    use_gpu = states.device.type == "cuda"
-    if use_gpu:
-        torch.cuda.synchronize()
-    start, start_cpu = time.perf_counter(), time.process_time()
-    centroids = order_centroids(spherical_kmeans(states, clusters, iters, seed, backend))
-    if use_gpu:
-        torch.cuda.synchronize()
+    with stopwatch(states.device) as took:
+        centroids = order_centroids(spherical_kmeans(states, clusters, iters, seed, backend))
     assert centroids.shape == (clusters, states.size(1))
-    return time.perf_counter() - start, time.process_time() - start_cpu
+    return took.wall, took.cpu
 
 
 def run_refresh(args) -> None:
@@ -141,12 +136,12 @@ def stall_worker(args) -> dict:
     for _ in range(last):
         update = trainer.get_num_updates()
         started, installed = refresher.refreshes_started, refresher.num_refreshes
-        start = time.perf_counter()
-        trainer.train_step([next(batches)])
+        with stopwatch() as took:
+            trainer.train_step([next(batches)])
         steps.append(
             {
                 "update": update,
-                "seconds": time.perf_counter() - start,
+                "seconds": took.wall,
                 "started": refresher.refreshes_started > started,
                 "installed": refresher.num_refreshes > installed,
                 "refresher_stall_s": refresher.last_stall_seconds if refresher.num_refreshes > installed else None,

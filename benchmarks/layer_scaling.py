@@ -22,7 +22,6 @@ import os
 import statistics
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from benchmarks.common import (
     read_jsonl,
     reset_peak_rss,
     run_worker,
+    stopwatch,
     timed_repeats,
 )
 from benchmarks.layer_builder import available_kinds, build
@@ -161,10 +161,11 @@ def run_all(args) -> None:
                 gate.acquire(need)
                 try:
                     with LoadSampler(every_s=2.0) as load:
-                        start = time.perf_counter()
-                        worker_args = [*common, "--kind", kind, "--length", str(t), "--repeats", str(repeats)]
-                        record.update(run_worker("benchmarks.layer_scaling", worker_args, args.max_case_s * 3 + 120))
-                        record["wall_s"] = time.perf_counter() - start
+                        with stopwatch() as took:
+                            worker_args = [*common, "--kind", kind, "--length", str(t), "--repeats", str(repeats)]
+                            worker_timeout = args.max_case_s * 3 + 120
+                            record.update(run_worker("benchmarks.layer_scaling", worker_args, worker_timeout))
+                        record["wall_s"] = took.wall
                     record.update(load.summary())
                 finally:
                     gate.release(need)

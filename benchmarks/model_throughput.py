@@ -24,7 +24,6 @@ import logging
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -41,6 +40,7 @@ from benchmarks.common import (
     read_jsonl,
     reset_peak_rss,
     run_worker,
+    stopwatch,
     timed_repeats,
 )
 
@@ -177,10 +177,10 @@ def run_all(args) -> None:
                 record["skipped"] = f"does not fit in {args.budget_gib:g} GiB budget (estimated {need / GIB:.1f} GiB)"
             else:
                 with LoadSampler(every_s=5.0) as load:
-                    start = time.perf_counter()
-                    worker_args = [*map(str, forwarded), "--model", model, "--length", str(length)]
-                    record.update(run_worker("benchmarks.model_throughput", worker_args, args.timeout_s))
-                    record["wall_s"] = time.perf_counter() - start
+                    with stopwatch() as took:
+                        worker_args = [*map(str, forwarded), "--model", model, "--length", str(length)]
+                        record.update(run_worker("benchmarks.model_throughput", worker_args, args.timeout_s))
+                    record["wall_s"] = took.wall
                 record.update(load.summary())
             record["command"] = "fairseq-train " + " ".join(train_command(model, length, args)[1:])
             print(json.dumps(record), flush=True)

@@ -22,7 +22,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ from benchmarks.common import (
     peak_rss,
     reset_peak_rss,
     run_worker,
+    stopwatch,
     timed_repeats,
 )
 
@@ -168,11 +168,11 @@ def run_all(args) -> None:
         for t in (int(v) for v in args.lengths.split(",")):
             for p in (float(v) for v in args.dropouts.split(",")):
                 for op in OPS:
-                    start = time.perf_counter()
-                    case = ["--op", op, "--length", str(t), "--dropout", str(p)]
-                    record = {"op": op, "length": t, "dropout": p, "device": args.device}
-                    record.update(run_worker("benchmarks.next_values", [*common, *case], args.max_case_s))
-                    record["wall_s"] = time.perf_counter() - start
+                    with stopwatch() as took:
+                        case = ["--op", op, "--length", str(t), "--dropout", str(p)]
+                        record = {"op": op, "length": t, "dropout": p, "device": args.device}
+                        record.update(run_worker("benchmarks.next_values", [*common, *case], args.max_case_s))
+                    record["wall_s"] = took.wall
                     record["load_1min"] = os.getloadavg()[0]
                     print(json.dumps(record), flush=True)
                     append_jsonl(results, record)

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.common import append_jsonl, machine_info, markdown_table, parse_shape_args, read_jsonl
+from benchmarks.common import append_jsonl, machine_info, markdown_table, parse_shape_args, read_jsonl, stopwatch
 from benchmarks.layer_builder import build
 
 HERE = Path(__file__).resolve()
@@ -89,9 +89,8 @@ def count_compiled(kind: str, length: int, args) -> dict:
     layer, x = layer_and_input(kind, length, args)
     configure_layers([layer], "on", "eager")
     torch._dynamo.reset()
-    start = time.perf_counter()
-    _, sources = run_and_get_code(lambda: layer(x, None).sum().backward())
-    seconds = time.perf_counter() - start
+    with stopwatch() as took:
+        _, sources = run_and_get_code(lambda: layer(x, None).sum().backward())
     wrappers = [s for s in sources if "def call(" in s]
     if len(wrappers) != 2:
         raise RuntimeError(f"expected a forward and a backward wrapper, Inductor generated {len(wrappers)}")
@@ -100,7 +99,7 @@ def count_compiled(kind: str, length: int, args) -> dict:
         "kernels_forward": forward,
         "kernels_backward": backward,
         "kernels": forward + backward,
-        "compile_s": seconds,
+        "compile_s": took.wall,
     }
 
 

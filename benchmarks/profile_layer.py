@@ -15,13 +15,12 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.common import markdown_table, parse_shape_args
+from benchmarks.common import markdown_table, parse_shape_args, stopwatch
 from benchmarks.layer_builder import build
 from fairseq_clusterformer.ops.precision import matmul_gflops
 
@@ -34,9 +33,9 @@ def copy_gbps(numel: int = 32 * 2**20, repeats: int = 5) -> float:
     y.copy_(x)  # touch the destination once: page faults are not bandwidth
     times = []
     for _ in range(repeats):
-        start = time.process_time()
-        y.copy_(x)
-        times.append(time.process_time() - start)
+        with stopwatch() as took:
+            y.copy_(x)
+        times.append(took.cpu)
     return 2 * 4 * numel / sorted(times)[len(times) // 2] / 1e9
 
 
@@ -57,9 +56,8 @@ def profile_kind(kind: str, length: int, args) -> list[dict]:
 
     forward().sum().backward()  # warm-up
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
-        start, start_cpu = time.perf_counter(), time.process_time()
-        forward().sum().backward()
-        wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+        with stopwatch() as took:
+            forward().sum().backward()
     rows = {}
     for event in prof.events():
         row = rows.setdefault(event.name, {"op": event.name, "calls": 0, "self_ms": 0.0, "flops": 0, "bytes": 0})
@@ -71,7 +69,7 @@ def profile_kind(kind: str, length: int, args) -> list[dict]:
     # the profiler times operators by the wall clock, which on a loaded machine includes time other jobs held the
     # core: scale them by the pass's CPU / wall time, so that they add up to the CPU time the pass used
     for row in rows.values():
-        row["cpu_ms"] = row["self_ms"] * cpu / wall
+        row["cpu_ms"] = row["self_ms"] * took.cpu / took.wall
     return sorted((r for r in rows.values() if r["self_ms"] > 0), key=lambda r: -r["self_ms"])
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import cpu_model
+from benchmarks.common import cpu_model, stopwatch
 from benchmarks.qa_report.paired_bootstrap import bootstrap_interval
 from benchmarks.qa_report.table import METRICS, per_question
 from fairseq_clusterformer.qa.scripts.predict import load
@@ -79,9 +78,9 @@ def run_passes(
     answers, seconds = {}, {}
     for label, prepare in passes.items():
         prepare()
-        start = time.process_time()
-        answers[label] = answer(model, task, args.split, count, args.batch_size)
-        seconds[label] = round(time.process_time() - start, 1)
+        with stopwatch() as took:
+            answers[label] = answer(model, task, args.split, count, args.batch_size)
+        seconds[label] = round(took.cpu, 1)
         print(f"| {label}: {count} questions, {seconds[label]} CPU s", flush=True)
     first, *others = passes
     scores = {label: per_question(answers[label], gold) for label in passes}

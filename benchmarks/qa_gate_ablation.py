@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
-from benchmarks.common import cpu_model
+from benchmarks.common import cpu_model, stopwatch
 from benchmarks.qa_ablation_passes import add_common_args, answer, check_common_args, load_model
 from benchmarks.qa_report.paired_bootstrap import bootstrap_interval
 from benchmarks.qa_report.table import METRICS, per_question
@@ -44,9 +43,9 @@ def main(args: argparse.Namespace) -> dict:
     passes, seconds = {}, {}
 
     def score_pass(label: str) -> None:
-        start = time.process_time()
-        passes[label] = answer(model, task, args.split, count, args.batch_size)
-        seconds[label] = round(time.process_time() - start, 1)
+        with stopwatch() as took:
+            passes[label] = answer(model, task, args.split, count, args.batch_size)
+        seconds[label] = round(took.cpu, 1)
         print(f"| {label}: {count} questions, {seconds[label]} CPU s", flush=True)
 
     score_pass("as_trained")

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from collections import defaultdict
 
 import torch
 
+from benchmarks.common import stopwatch
 from fairseq_clusterformer.qa.scripts.predict import load
 
 
@@ -39,11 +39,11 @@ def get_parser() -> argparse.ArgumentParser:
 @torch.no_grad()
 def seconds_per_question(model, task, dataset, indices: list[int], batch_size: int) -> tuple[float, float]:
     """(wall seconds, CPU seconds of this process's threads together) a question."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    for first in range(0, len(indices), batch_size):
-        sample = dataset.collater([dataset[i] for i in indices[first : first + batch_size]])
-        task.decode_answers(model(**sample["net_input"]), sample["net_input"]["context"])
-    return (time.perf_counter() - wall) / len(indices), (time.process_time() - cpu) / len(indices)
+    with stopwatch() as took:
+        for first in range(0, len(indices), batch_size):
+            sample = dataset.collater([dataset[i] for i in indices[first : first + batch_size]])
+            task.decode_answers(model(**sample["net_input"]), sample["net_input"]["context"])
+    return took.wall / len(indices), took.cpu / len(indices)
 
 
 def main(args: argparse.Namespace) -> dict:

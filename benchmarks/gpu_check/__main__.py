@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, device_info, device_line
+from benchmarks.common import REPO, device_info, device_line, stopwatch
 from benchmarks.gpu_check.context import Context, write_part
 
 # imported when run, so that a part that does not even import is that part's error, not the whole run's
@@ -171,8 +171,7 @@ def main(argv=None) -> int:
     earlier = ctx.out_dir / "summary.json"
     summary = json.loads(earlier.read_text())["parts"] if earlier.exists() else {}
     for part in parts:
-        start, title = time.perf_counter(), part
-        module = modules[part]
+        module, title = modules[part], part
         expected = part_estimate(module, size, chosen)
         if ctx.seconds_left() < expected or ctx.seconds_left() <= 0:
             # not a failure: the part was not started, so that the run ends inside its budget
@@ -182,18 +181,23 @@ def main(argv=None) -> int:
             summary[part] = {k: record.get(k) for k in ("status", "headline", "error", "seconds")}
             print(f"[{part}] {why}", flush=True)
             continue
-        print(f"[{part}] ... (about {expected:.0f} s)" if deadline is not None else f"[{part}] ...", flush=True)
-        try:
-            if module is None:
-                err, trace = import_errors[part]
-                raise RuntimeError(f"{PARTS[part]} does not import: {type(err).__name__}: {err}\n{trace}")
-            title = module.TITLE
-            record, markdown = module.run(ctx)
-        except Exception as err:  # a part that breaks must not stop the others: its error is its result
-            record = {"status": "error", "error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()}
-            markdown = f"**Error**: `{record['error']}`\n\n```\n{record['traceback'][-4000:]}\n```"
-            print(record["traceback"], file=sys.stderr, flush=True)
-        record["seconds"] = round(time.perf_counter() - start, 1)
+        with stopwatch() as took:
+            print(f"[{part}] ... (about {expected:.0f} s)" if deadline is not None else f"[{part}] ...", flush=True)
+            try:
+                if module is None:
+                    err, trace = import_errors[part]
+                    raise RuntimeError(f"{PARTS[part]} does not import: {type(err).__name__}: {err}\n{trace}")
+                title = module.TITLE
+                record, markdown = module.run(ctx)
+            except Exception as err:  # a part that breaks must not stop the others: its error is its result
+                record = {
+                    "status": "error",
+                    "error": f"{type(err).__name__}: {err}",
+                    "traceback": traceback.format_exc(),
+                }
+                markdown = f"**Error**: `{record['error']}`\n\n```\n{record['traceback'][-4000:]}\n```"
+                print(record["traceback"], file=sys.stderr, flush=True)
+        record["seconds"] = round(took.wall, 1)
         write_part(ctx, part, title, record, markdown)
         summary[part] = {k: record.get(k) for k in ("status", "headline", "error", "seconds")}
         print(f"[{part}] {record['status']} in {record['seconds']} s: {record.get('headline') or ''}", flush=True)

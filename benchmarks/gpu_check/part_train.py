@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 
 import torch
 
+from benchmarks.common import stopwatch
 from benchmarks.gpu_check.context import PACKAGE, REPO, Context, lm_data, markdown_escape, run_tool
 
 NAME = "train"
@@ -137,11 +137,11 @@ def run_precision(ctx: Context, data, flag: str) -> dict:
     unguarded: set[str] = set()  # ops that ran without a deterministic kernel, from PyTorch's warnings
     for name, (max_update, save) in runs.items():
         command = ["python", DETERMINISTIC_TRAIN, data, *args, flag, "--max-update", str(max_update)]
-        start = time.perf_counter()
-        code, out = run_tool(
-            [*command, "--save-dir", base / save], base / f"{name}.log", ctx.timeout(1800), DETERMINISTIC_ENV
-        )
-        record[name] = {"exit_code": code, "seconds": round(time.perf_counter() - start, 1), **last_log(out)}
+        with stopwatch() as took:
+            code, out = run_tool(
+                [*command, "--save-dir", base / save], base / f"{name}.log", ctx.timeout(1800), DETERMINISTIC_ENV
+            )
+        record[name] = {"exit_code": code, "seconds": round(took.wall, 1), **last_log(out)}
         unguarded.update(NONDETERMINISTIC.findall(out))
         record["nondeterministic_ops"] = sorted(unguarded)
         if code != 0:

@@ -22,10 +22,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from benchmarks.common import stopwatch
 from benchmarks.lm_compare.data import DEFAULT_DATA, PACKAGE, prepare_char, prepare_word
 from fairseq_clusterformer.scripts.console_scripts import console_script
 from fairseq_clusterformer.scripts.lm import presets
@@ -258,18 +258,19 @@ def main(argv: list[str] | None = None) -> int:
                 if done is not None and done.train_command == shlex.join(train):
                     print(f"[{level}] {row.label}, seed {seed}: done before, skipped")
                     continue
-                start = time.time()
-                print(f"[{level}] {row.label}, seed {seed}: training {scale.updates} updates ...", flush=True)
-                try:
-                    found = run_row(row, level, scale, data_bin, row_dir, args.threads, seed)
-                except (RuntimeError, ValueError) as error:
-                    failures.append(f"[{level}] {row.label}, seed {seed}: {error}")
-                    print(failures[-1], file=sys.stderr)
-                    continue
+                with stopwatch() as took:
+                    print(f"[{level}] {row.label}, seed {seed}: training {scale.updates} updates ...", flush=True)
+                    try:
+                        found = run_row(row, level, scale, data_bin, row_dir, args.threads, seed)
+                    except (RuntimeError, ValueError) as error:
+                        failures.append(f"[{level}] {row.label}, seed {seed}: {error}")
+                        print(failures[-1], file=sys.stderr)
+                        continue
                 results[(level, row.key, seed)] = found
                 unit = LEVELS[level][1]
-                took = time.time() - start
-                print(f"[{level}] {row.label}, seed {seed}: test {unit} {found.metric:.3f} ({took:.0f}s)", flush=True)
+                print(
+                    f"[{level}] {row.label}, seed {seed}: test {unit} {found.metric:.3f} ({took.wall:.0f}s)", flush=True
+                )
                 (args.work / "results.md").write_text(markdown_table(args.preset, results, command))
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "results.md").write_text(markdown_table(args.preset, results, command))
