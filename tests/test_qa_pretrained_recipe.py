@@ -191,7 +191,7 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     assert len(answers) == questions and all(a in context for a in answers.values())
     # the run, collected as a results folder (settings parsed from the command that ran), gives table b's row
     results = tmp_path / "results"
-    collect = [sys.executable, REPO / "benchmarks" / "qa_cpu_collect.py", run, "--results", results]
+    collect = [sys.executable, "-m", "benchmarks.qa_cpu_collect", run, "--results", results]
     (tmp_path / "ablation.json").write_text('{"questions": 3}')
     proc = subprocess.run([*collect, "--train-seconds", "12", "--ablation", tmp_path / "ablation.json"],
                           capture_output=True, text=True, cwd=REPO)  # fmt: skip
