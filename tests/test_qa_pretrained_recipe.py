@@ -219,7 +219,7 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     # an eval.log of before qa-predict timed itself, from a scoring run again after a stop: the wall as given
     log = run / "eval.log"
     log.write_text(log.read_text().replace(scoring[0] + "\n", ""))
-    older = [*collect[:3], "--results", tmp_path / "older", "--predict-wall-seconds", "4971"]
+    older = [*collect[:4], "--results", tmp_path / "older", "--predict-wall-seconds", "4971"]
     proc = subprocess.run(older, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     seconds = json.loads((tmp_path / "older" / "article_cluster_seed3" / "summary.json").read_text())["seconds"]
