@@ -35,6 +35,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.qa_progress import saved_progress
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
 KEYS = {"contexts", "settings", "variants", "seeds", "parallel", "reach", "ablation", "analysis_questions", "table"}
@@ -125,9 +127,7 @@ def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path) -> 
         if not (run / name).is_file():
             logged([*tool, data, *common, "--json", run / name])
         collect += [flag, run / name]
-    proc = subprocess.run([sys.executable, str(REPO / "examples" / "checkpoint_progress.py"), str(checkpoint)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
-    hours = float(proc.stdout.split()[1])
+    _, hours = saved_progress(checkpoint)  # the hours its checkpoint records, as the recipe reads them
     python("qa_cpu_collect", run, "--results", folder, *collect, "--train-seconds", round(hours * 3600))
     if not committed(folder, series, variant, int(run.name.rsplit("_seed", 1)[1])).is_dir():
         fail(f"series.json's variant '{variant}' is not the row name qa_cpu_collect gave {run.name} in {folder}")
