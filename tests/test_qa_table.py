@@ -165,6 +165,31 @@ def test_a_series_can_take_its_baseline_runs_from_another_results_folder(tmp_pat
     assert refused.returncode == 1 and "has none runs of its own" in refused.stderr
 
 
+def test_the_seeds_of_one_budget_can_lie_in_several_results_folders(tmp_path):
+    """A third seed collected into a folder of its own is pooled with the first two; KIND=DIR takes one kind of a
+    folder, and a kind and seed given twice is refused, naming both folders."""
+    write_runs(tmp_path / "first")
+    third = tmp_path / "third"
+    for kind, right in (("none", {"q4"}), ("cluster", {"q3", "q4"})):  # seed 3: cluster gains q3
+        run = third / f"article_{kind}_seed3"
+        run.mkdir(parents=True)
+        (run / "valid.pred.json").write_text(json.dumps({q: f"gold {q}" if q in right else "zzz" for q in QUESTIONS}))
+        em = 100 * len(right) / len(QUESTIONS)
+        (run / "summary.json").write_text(json.dumps({"settings": {"kind": kind, "seed": 3}, "exact_match": em,
+                                                      "f1": em, "device": "test"}))  # fmt: skip
+    squad = squad_file(tmp_path / "squad.json")
+    args = ["--squad", squad, "--held-out-from", "1", "--json", tmp_path / "b.json"]
+    proc = qa_table("--results", tmp_path / "first", third, *args)
+    assert proc.returncode == 0, proc.stderr
+    entry = json.loads((tmp_path / "b.json").read_text())["paired"]["cluster"]
+    assert entry["seeds"] == [1, 2, 3] and entry["exact_match"]["per_seed"] == [25.0, 25.0, 25.0]
+    proc = qa_table("--results", f"none={tmp_path / 'first'}", third, *args)  # the first folder's none runs only
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["paired"]["cluster"]["seeds"] == [3]
+    refused = qa_table("--results", tmp_path / "first", tmp_path / "first", *args)
+    assert refused.returncode == 1 and "are both ('article', 'cluster', 1)" in refused.stderr, refused.stderr
+
+
 def test_a_run_scored_on_other_questions_is_refused(tmp_path):
     write_runs(tmp_path / "runs", em_of=30.0)
     proc = qa_table("--results", tmp_path / "runs", "--squad", squad_file(tmp_path / "s.json"), "--held-out-from", 1)

@@ -15,6 +15,8 @@ per-question difference (same question, same seed; averaged over the seeds both 
 bootstrap interval over questions (--resamples draws with --seed), and each seed's own mean difference. The intervals
 take questions as independent; the questions of one article are not, so they are narrower than an interval over
 articles would be; and they hold the seeds fixed, so they say nothing of what another seed would do.
+--results takes several folders where the seeds of one budget lie in several series' (KIND=DIR: only DIR's runs of
+KIND, where DIR holds other runs of the same kind and seed).
 --baseline-from reads the baseline's runs from another results folder: a series whose runs differ from the earlier
 ones (another code version of the long-range layers) shares the baseline runs they were paired with.
 """
@@ -49,7 +51,12 @@ METRICS = {"exact_match": exact_match, "f1": token_f1}
 
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.qa_report.table", description=__doc__.split("\n")[0])
-    parser.add_argument("--results", type=Path, required=True, help="one folder per scored run")
+    parser.add_argument(
+        "--results",
+        nargs="+",
+        required=True,
+        help="results folders holding one folder per scored run; KIND=DIR takes only DIR's runs of KIND",
+    )
     parser.add_argument("--squad", type=Path, required=True, help="SQuAD v1.1 JSON holding the held-out articles")
     parser.add_argument("--held-out-from", type=int, required=True, help="index of the first held-out article")
     parser.add_argument("--baseline", default="none", help="the kind the others are compared with")
@@ -78,6 +85,26 @@ def per_question(predictions: dict[str, str], gold: dict[str, list[str]]) -> dic
     return {name: 100.0 * np.array([max_over_gold(metric, predictions[q], answers) if q in predictions else 0.0
                                     for q, answers in gold.items()])
             for name, metric in METRICS.items()}  # fmt: skip
+
+
+def load_results(entries: list[str], gold: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The runs of every --results entry (DIR, or KIND=DIR for DIR's runs of KIND only): the seeds of one budget can
+    lie in several series' folders. Two runs of one contexts, kind and seed are refused, naming both folders."""
+    runs: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for entry in entries:
+        only, _, name = entry.rpartition("=")
+        folder = Path(name)
+        if not folder.is_dir():
+            raise ValueError(f"--results {entry}: {folder} is not a folder")
+        for run in load_runs(folder, gold):
+            if only and run["kind"] != only:
+                continue
+            key = (run["contexts"], run["kind"], run["seed"])
+            if key in runs:
+                raise ValueError(f"--results: {folder / run['name']} and {runs[key]['folder']} are both {key} "
+                                 "(contexts, kind, seed): give one of them (KIND=DIR takes one kind of a folder)")
+            runs[key] = {**run, "folder": folder / run["name"]}
+    return list(runs.values())
 
 
 def load_runs(results: Path, gold: dict[str, list[str]]) -> list[dict[str, Any]]:
@@ -194,10 +221,11 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     gold = held_out_gold(args.squad, args.held_out_from)
-    runs = load_runs(args.results, gold)
+    runs = load_results(args.results, gold)
     if args.baseline_from:
         if any(r["kind"] == args.baseline for r in runs):
-            raise ValueError(f"--results {args.results} has {args.baseline} runs of its own: drop --baseline-from")
+            given = " ".join(args.results)
+            raise ValueError(f"--results {given} has {args.baseline} runs of its own: drop --baseline-from")
         # a baseline drawn from the same random numbers as the series' runs, shared rather than copied or re-run
         runs += [r for r in load_runs(args.baseline_from, gold) if r["kind"] == args.baseline]
     runs.sort(key=lambda r: (kind_order(r["kind"]), r["seed"]))  # the mechanism tables keep this order
