@@ -59,8 +59,10 @@ def test_an_unreadable_file_is_named(tmp_path):
     assert f"build_corpus.py: cannot read {sources / 'unreadable.py'}: [Errno 5]" in out
 
 
-def progress(path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(PROGRESS), str(path)], capture_output=True, text=True, timeout=120)
+def progress(path: Path, *expect: str) -> subprocess.CompletedProcess:
+    flags = [arg for pair in expect for arg in ("--expect", pair)]
+    return subprocess.run([sys.executable, str(PROGRESS), str(path), *flags], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
 
 
 def test_checkpoint_progress_reads_only_a_fairseq_checkpoint_or_nothing(tmp_path):
@@ -127,3 +129,28 @@ def test_compare_refuses_a_precision_it_cannot_train_before_any_run(tmp_path, pr
     code, out = recipe("code/compare.sh", "--work", work, *runs, cwd=tmp_path, UPDATES="1", PRECISION=precision)
     assert code == 2 and message in out, out[-3000:]
     assert snapshot(tmp_path) == before
+
+
+def test_checkpoint_progress_refuses_a_checkpoint_trained_with_other_settings(tmp_path):
+    """Another budget's run under the same folder name: resumed, it would go on under this call's schedule, and
+    scored, pass for this call's run. --expect compares settings with the checkpoint's saved configuration (a
+    dict as fairseq 0.12 saves it, a legacy (add_args) model's options a Namespace inside it, --lr a list of one)."""
+    from argparse import Namespace
+
+    cfg = {"common": {"seed": 1}, "optimization": {"max_update": 1400, "lr": [1e-4]},
+           "lr_scheduler": {"warmup_updates": 140, "lr": [1e-4]},
+           "model": Namespace(num_clusters=64, attention_dropout=0.0, max_update=1400)}  # fmt: skip
+    path = tmp_path / "run" / "checkpoint_last.pt"
+    path.parent.mkdir()
+    torch.save({"optimizer_history": [{"num_updates": 300}], "extra_state": {"previous_training_time": 900},
+                "cfg": cfg}, path)  # fmt: skip
+    same = progress(path, "max_update=1400", "lr=1e-4", "seed=1", "num_clusters=64", "attention_dropout=0")
+    assert same.returncode == 0 and same.stdout == "300 0.25\n", same.stderr
+    other = progress(path, "max_update=800", "lr=1e-4", "warmup_updates=80")
+    assert other.returncode == 2 and other.stdout == "", other.stderr
+    assert f"{path}: was trained with other settings: max_update 1400 (this call: 800); warmup_updates 140 (this " in (
+        other.stderr
+    )
+    unknown = progress(path, "max_updates=1400")
+    assert unknown.returncode == 2 and "has no setting max_updates" in unknown.stderr
+    assert progress(tmp_path / "new" / "checkpoint_last.pt", "max_update=800").stdout == "0 0\n"  # nothing to check

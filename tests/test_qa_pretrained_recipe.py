@@ -135,7 +135,13 @@ def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
     run_dir = tmp_path / "o" / "paragraph_none_seed1"
     run_dir.mkdir(parents=True)
     mark_as_made_by(tmp_path / "o", "qa/cpu_pretrained.sh")
-    state = {"optimizer_history": [{"num_updates": 2}], "extra_state": {"previous_training_time": 7200.0}}
+    # the settings fairseq saved for the run the dry run below asks for (paragraph contexts, float32, UPDATES=10)
+    settings = {"max_update": 10, "total_num_update": 10, "lr": [1e-4], "warmup_updates": 1, "batch_size": 16,
+                "seed": 1, "max_context_train": 512, "num_clusters": 64, "window_size": 192, "window_stride": 160,
+                "memory_size": 50000, "cluster_update_interval": 200, "attention_dropout": 0.1,
+                "max_question_tokens": 40}  # fmt: skip
+    state = {"optimizer_history": [{"num_updates": 2}], "extra_state": {"previous_training_time": 7200.0},
+             "cfg": {"optimization": settings}}  # fmt: skip
     torch.save(state, run_dir / "checkpoint_last.pt")
     args = ("--hf", tmp_path, "--dry-run", "--out", tmp_path / "o")
     lines = recipe(*args, MAX_HOURS="0.5", UPDATES="10").stdout
@@ -146,6 +152,11 @@ def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
     assert "train.sh" not in lines and "qa.scripts.predict" in lines
     proc = recipe(*args, MAX_HOURS="two")
     assert proc.returncode == 2 and "MAX_HOURS=two" in proc.stderr
+    # another budget under the same name: neither resumed under this call's schedule nor scored as this call's run
+    proc = recipe(*args, UPDATES="20", LR="1e-4")
+    assert proc.returncode == 2 and "train.sh" not in proc.stdout and "qa.scripts.predict" not in proc.stdout
+    differ = "was trained with other settings: max_update 10 (this call: 20); total_num_update 10 (this call: 20); "
+    assert differ + "warmup_updates 1 (this call: 2)." in proc.stderr and "run paragraph_none_seed1: " in proc.stderr
 
 
 @pytest.mark.e2e

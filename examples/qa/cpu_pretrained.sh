@@ -19,7 +19,9 @@
 #   0.1, e.g. paragraph_none_seed1 or paragraph_none-bf16-attdrop0_seed1: checkpoint_last.pt (no checkpoint_best.pt:
 #   the run does not validate), valid.pred.json, eval.log, summary.json; its train log is RUN.train.log beside it).
 #   An --out imported from another model than --hf (other weights) is refused, and so is a data or run folder made
-#   from another encoder (each records its encoder_source.json). A finished run prints the command that asks it.
+#   from another encoder (each records its encoder_source.json), or a run folder whose checkpoint was trained with
+#   other settings (UPDATES, LR, BATCH, ...: another budget's run under the same name; give each budget its own
+#   --out). A finished run prints the command that asks it.
 # --dry-run: print the commands instead of running them, after the checks the run makes (LONG_RANGE_LAYERS against
 #   the encoder's layers included).
 # --prepare-only: stop after the import and the binarised data (benchmarks/qa_device/prepare.sh uses them).
@@ -111,10 +113,18 @@ run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 log() { if ((DRY)); then cat; else tee "$@"; fi; }
 # fairseq's whole log into the run's file; on the terminal its progress, time left, warnings and errors
 train_log() { if ((DRY)); then cat; else python "$here/train_progress.py" "$1" "$UPDATES"; fi; }
-# updates done and hours trained, from checkpoint_last.pt of run $1 (0 0 where there is none)
+# updates done and hours trained, from checkpoint_last.pt of run $1 (0 0 where there is none); a checkpoint trained
+# with other settings than this call's (another budget's run of the same name under one --out) is refused
 progress() {
-    python "$here/../checkpoint_progress.py" "$OUT/$1/checkpoint_last.pt" ||
-        recipe_die "run $1: cannot tell how far it got from $OUT/$1/checkpoint_last.pt (above)"
+    local expect=() setting
+    for setting in max_update="$UPDATES" total_num_update="$UPDATES" lr="$LR" warmup_updates="$WARMUP" \
+        batch_size="$BATCH" seed="$SEED" max_context_train="$MAX_CONTEXT_TRAIN" num_clusters="$CLUSTERS" \
+        window_size="$WINDOW" window_stride="$STRIDE" memory_size="$MEMORY" cluster_update_interval="$KMEANS_INTERVAL" \
+        attention_dropout="$ATTENTION_DROPOUT" max_question_tokens="$MAX_QUESTION"; do
+        expect+=(--expect "$setting")
+    done
+    python "$here/../checkpoint_progress.py" "$OUT/$1/checkpoint_last.pt" "${expect[@]}" ||
+        recipe_die "run $1: cannot tell how far it got from $OUT/$1/checkpoint_last.pt, or it is another run's (above)"
 }
 # FOLDER was made from the encoder in $ENCODER, and records it (encoder_source.py); nothing to check before the import
 made_from() {
