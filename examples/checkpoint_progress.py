@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from argparse import Namespace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -60,13 +61,11 @@ def progress(path: Path, state: dict | None = None) -> tuple[int, float]:
 
 def saved_settings(state: dict) -> dict[str, list[Any]]:
     """Every leaf of the checkpoint's configuration (``cfg``, or ``args`` of older fairseq): name -> its values, one
-    per group that holds it (a name like ``lr`` sits in more than one)."""
-    from omegaconf import DictConfig, OmegaConf
+    per group that holds it (a name like ``lr`` sits in more than one). fairseq saves ``cfg`` as plain containers,
+    with a legacy model's or task's options as a Namespace inside."""
 
     def plain(node: Any) -> Any:
-        if isinstance(node, DictConfig):
-            return OmegaConf.to_container(node, resolve=True)
-        return vars(node) if hasattr(node, "__dict__") and not isinstance(node, type) else node
+        return vars(node) if isinstance(node, Namespace) else node
 
     leaves: dict[str, list[Any]] = {}
 
