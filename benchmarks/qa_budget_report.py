@@ -24,29 +24,21 @@ import argparse
 import json
 from pathlib import Path
 
+from benchmarks.qa_report.run_folders import row_kind, scored_runs
 from benchmarks.qa_report.table import held_out_gold, per_question
+from fairseq_clusterformer.scripts.cli_logging import run_cli
 
 
 def load_runs(entries: list[str], variants: list[str]) -> dict[tuple[str, int, int], dict]:
-    """(variant, seed, updates) -> {summary, folder} for every scored run of ``variants``."""
-    runs: dict[tuple[str, int, int], dict] = {}
-    for entry in entries:
-        only, _, folder_name = entry.rpartition("=")
-        folder = Path(folder_name)
-        if not folder.is_dir():
-            raise SystemExit(f"--results {entry}: {folder} is not a folder")
-        for summary_file in sorted(folder.glob("*/summary.json")):
-            summary = json.loads(summary_file.read_text(encoding="utf-8"))
-            settings = summary["settings"]
-            variant = settings.get("variant", settings["kind"])
-            if variant not in variants or (only and variant != only):
-                continue
-            key = (variant, int(settings["seed"]), int(settings["updates"]))
-            if key in runs:
-                raise SystemExit(f"{summary_file.parent} and {runs[key]['folder']}: both are {key} (variant, seed, "
-                                 "updates); give the results folders of one series")  # fmt: skip
-            runs[key] = {"summary": summary, "folder": summary_file.parent}
-    return runs
+    """(variant, seed, updates) -> {summary, folder} for every scored run of ``variants`` (run_folders.py)."""
+
+    def place(folder: Path, summary: dict) -> tuple[str, int, int] | None:
+        settings = summary["settings"]
+        variant = row_kind(summary)
+        return (variant, int(settings["seed"]), int(settings["updates"])) if variant in variants else None
+
+    placed = scored_runs(entries, place, "variant, seed, updates")
+    return {key: {"summary": summary, "folder": folder} for key, (folder, summary) in placed.items()}
 
 
 def curve_rows(runs: dict[tuple[str, int, int], dict]) -> list[dict]:
@@ -133,7 +125,7 @@ def figure(curve: list[dict], path: Path) -> None:
 
 
 def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.qa_budget_report", description=__doc__.split("\n")[0])
     parser.add_argument("--results", nargs="+", required=True, help="results folders of scored runs (or VARIANT=DIR)")
     parser.add_argument("--variants", default="none,cluster-layer6", help="the variants drawn, comma-separated")
     parser.add_argument("--squad", type=Path, required=True, help="SQuAD v1.1 JSON holding the held-out articles")
@@ -147,7 +139,7 @@ def get_parser() -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> dict:
     runs = load_runs(args.results, args.variants.split(","))
     if not runs:
-        raise SystemExit(f"--results: no scored run of {args.variants} in {', '.join(map(str, args.results))}")
+        raise ValueError(f"--results: no scored run of {args.variants} in {', '.join(map(str, args.results))}")
     curve, ablations = curve_rows(runs), ablation_rows(runs, held_out_gold(args.squad, args.held_out_from))
     text = markdown(curve, ablations)
     print(text, end="")
@@ -162,4 +154,4 @@ def main(args: argparse.Namespace) -> dict:
 
 
 if __name__ == "__main__":
-    main(get_parser().parse_args())
+    run_cli(main, get_parser())

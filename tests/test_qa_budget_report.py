@@ -78,8 +78,8 @@ def test_two_runs_of_one_place_are_refused_naming_both(tmp_path):
     b = scored_run(tmp_path / "b", "none", 1, 400, 2, questions, gold)
     args = Namespace(results=[str(tmp_path / "a"), str(tmp_path / "b")], variants="none", squad=SQUAD,
                      held_out_from=40, figure=None, markdown=None, json=None)  # fmt: skip
-    with pytest.raises(SystemExit, match=f"{b} and {a}: both are"):
+    with pytest.raises(ValueError, match=f"{b} and {a} are both"):
         report_module().main(args)
     args.results = [str(tmp_path / "nowhere")]
-    with pytest.raises(SystemExit, match="is not a folder"):
+    with pytest.raises(ValueError, match="is not a folder"):
         report_module().main(args)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.qa_report.paired_bootstrap import bootstrap_interval, paired_differences
+from benchmarks.qa_report.run_folders import row_kind, scored_runs
 from benchmarks.qa_report.table_mechanism import fmt, gate_rows, mechanism_markdown, reach_rows, shift_rows
 from fairseq_clusterformer.layers.kinds import KINDS, NO_LONG_RANGE
 from fairseq_clusterformer.qa.ops.metrics import exact_match, max_over_gold, token_f1
@@ -88,51 +89,35 @@ def per_question(predictions: dict[str, str], gold: dict[str, list[str]]) -> dic
 
 
 def load_results(entries: list[str], gold: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """The runs of every --results entry (DIR, or KIND=DIR for DIR's runs of KIND only): the seeds of one budget can
-    lie in several series' folders. Two runs of one contexts, kind and seed are refused, naming both folders."""
-    runs: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for entry in entries:
-        only, _, name = entry.rpartition("=")
-        folder = Path(name)
-        if not folder.is_dir():
-            raise ValueError(f"--results {entry}: {folder} is not a folder")
-        for run in load_runs(folder, gold):
-            if only and run["kind"] != only:
-                continue
-            key = (run["contexts"], run["kind"], run["seed"])
-            if key in runs:
-                raise ValueError(f"--results: {folder / run['name']} and {runs[key]['folder']} are both {key} "
-                                 "(contexts, kind, seed): give one of them (KIND=DIR takes one kind of a folder)")
-            runs[key] = {**run, "folder": folder / run["name"]}
-    return list(runs.values())
+    """The runs of every --results entry (DIR, or KIND=DIR: run_folders.py), each scored per question against
+    ``gold``; two runs of one contexts, kind and seed are refused, naming both folders."""
+
+    def place(folder: Path, summary: dict[str, Any]) -> tuple[str, str, int]:
+        return folder.name.split("_")[0], row_kind(summary), summary["settings"]["seed"]
+
+    placed = scored_runs(entries, place, "contexts, kind, seed")
+    return [scored_run(folder, summary, gold) for folder, summary in placed.values()]
 
 
-def load_runs(results: Path, gold: dict[str, list[str]]) -> list[dict[str, Any]]:
-    runs = []
-    for summary_file in sorted(results.glob("*/summary.json")):
-        summary = json.loads(summary_file.read_text(encoding="utf-8"))
-        predictions = json.loads((summary_file.parent / "valid.pred.json").read_text(encoding="utf-8"))
-        scores = per_question(predictions, gold)
-        for name, values in scores.items():
-            if abs(values.mean() - summary[name]) > 1e-6:
-                raise ValueError(
-                    f"{summary_file}: {name} {summary[name]:.4f}, but {values.mean():.4f} against --squad's articles "
-                    "from --held-out-from: not the questions it was scored on"
-                )
-        reach, ablation = summary_file.parent / "reach.json", summary_file.parent / "gate_ablation.json"
-        shift = summary_file.parent / "centroid_shift.json"
-        # a variant of a kind (hybrid layers, one layer) is a row of its own
-        kind = summary["settings"].get("variant", summary["settings"]["kind"])
-        runs.append({"name": summary_file.parent.name, "contexts": summary_file.parent.name.split("_")[0],
-                     "kind": kind, "seed": summary["settings"]["seed"], "summary": summary,
-                     "scores": scores,
-                     "predictions": predictions,
-                     "reach": json.loads(reach.read_text(encoding="utf-8")) if reach.is_file() else None,
-                     "gate_ablation": (json.loads(ablation.read_text(encoding="utf-8"))
-                                       if ablation.is_file() else None),
-                     "centroid_shift": (json.loads(shift.read_text(encoding="utf-8"))
-                                        if shift.is_file() else None)})  # fmt: skip
-    return runs
+def scored_run(folder: Path, summary: dict[str, Any], gold: dict[str, list[str]]) -> dict[str, Any]:
+    """One run's per-question scores, checked against its summary, and the mechanism measurements beside it."""
+    predictions = json.loads((folder / "valid.pred.json").read_text(encoding="utf-8"))
+    scores = per_question(predictions, gold)
+    for name, values in scores.items():
+        if abs(values.mean() - summary[name]) > 1e-6:
+            raise ValueError(
+                f"{folder / 'summary.json'}: {name} {summary[name]:.4f}, but {values.mean():.4f} against --squad's "
+                "articles from --held-out-from: not the questions it was scored on"
+            )
+
+    def measured(name: str) -> Any:
+        path = folder / name
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+    return {"name": folder.name, "contexts": folder.name.split("_")[0], "kind": row_kind(summary),
+            "seed": summary["settings"]["seed"], "summary": summary, "scores": scores, "predictions": predictions,
+            "reach": measured("reach.json"), "gate_ablation": measured("gate_ablation.json"),
+            "centroid_shift": measured("centroid_shift.json")}  # fmt: skip
 
 
 def kind_order(kind: str) -> tuple[int, str]:
@@ -227,7 +212,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             given = " ".join(args.results)
             raise ValueError(f"--results {given} has {args.baseline} runs of its own: drop --baseline-from")
         # a baseline drawn from the same random numbers as the series' runs, shared rather than copied or re-run
-        runs += [r for r in load_runs(args.baseline_from, gold) if r["kind"] == args.baseline]
+        runs += load_results([f"{args.baseline}={args.baseline_from}"], gold)
     runs.sort(key=lambda r: (kind_order(r["kind"]), r["seed"]))  # the mechanism tables keep this order
     report = {
         "baseline_from": str(args.baseline_from) if args.baseline_from else None,
