@@ -16,6 +16,13 @@ SERIES/series.json is the series' one settings file:
      "analysis_questions": 300,                # the held-out questions reach and the ablation read
      "table": {"squad": "examples/data/squad/dev-v1.1.json", "held_out_from": 40, "baseline_from": null}}
 
+A series that differs from another in a few settings names it as its base and says only what differs:
+
+    {"base": "../cpu_budget", "settings": {"UPDATES": 800}, "variants": ["none", "cluster-layer6"]}
+
+('settings' and 'table' are merged over the base's key by key; 'variants' as a list keeps those of the base's; any
+other key replaces the base's.)
+
 A run is done when its folder SERIES/CONTEXTS_VARIANT_seedSEED is committed. Any other run is trained by the recipe
 in RUNS (outside the work tree), which resumes it from its checkpoint_last.pt where one is there; a run the recipe's
 MAX_HOURS stops gets its progress record in SERIES/progress/ (benchmarks.qa_progress), to be continued by the same
@@ -53,21 +60,48 @@ def fail(why: str) -> None:
     sys.exit(2)
 
 
-def load_series(folder: Path) -> dict:
-    path = folder / "series.json"
+def load_series(folder: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """The series' settings: its series.json over the series its 'base' names (each file resolved the same way)."""
+    path = folder.resolve() / "series.json"
+    if path in chain:
+        fail(f"{path}: the 'base' chain comes back to it ({' -> '.join(map(str, (*chain, path)))})")
     if not path.is_file():
         fail(f"{path} not found: a series folder holds its settings file series.json")
     try:
-        series = json.loads(path.read_text(encoding="utf-8"))
+        own = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         fail(f"{path}: not JSON ({error})")
-    unknown, missing = set(series) - KEYS, {"contexts", "settings", "variants", "seeds"} - set(series)
-    if unknown or missing:
-        fail(f"{path}: unknown keys {sorted(unknown)}, missing keys {sorted(missing)} (known: {sorted(KEYS)})")
+    unknown = set(own) - KEYS - {"base"}
+    if unknown:
+        fail(f"{path}: unknown keys {sorted(unknown)} (known: {sorted(KEYS | {'base'})})")
+    if "baseline_from" in own.get("table", {}):  # relative to the file that names it, wherever it is inherited
+        own["table"]["baseline_from"] = str((path.parent / own["table"]["baseline_from"]).resolve())
+    series = own if "base" not in own else over_base(load_series(path.parent / own["base"], (*chain, path)), own, path)
+    missing = {"contexts", "settings", "variants", "seeds"} - set(series)
+    if missing:
+        fail(f"{path}: missing keys {sorted(missing)}, in it and in its base")
     for key in ("reach", "ablation"):
         stray = set(series.get(key, [])) - set(series["variants"])
         if stray:
             fail(f"{path}: '{key}' names {sorted(stray)}, not among the variants {sorted(series['variants'])}")
+    return series
+
+
+def over_base(base: dict, own: dict, path: Path) -> dict:
+    """``own`` over ``base``: 'settings' and 'table' merged key by key, 'variants' a list of the base's variant names
+    to keep (or a dict of its own), the analyses' lists the base's for the variants kept unless named, the rest
+    replaced. A series that differs from another in one setting says only that, so each setting has one home."""
+    series = {**base, **{key: value for key, value in own.items() if key != "base"}}
+    for key in ("settings", "table"):
+        series[key] = {**base.get(key, {}), **own.get(key, {})}
+    if isinstance(own.get("variants"), list):
+        stray = set(own["variants"]) - set(base["variants"])
+        if stray:
+            fail(f"{path}: 'variants' names {sorted(stray)}, not among its base's {sorted(base['variants'])}")
+        series["variants"] = {name: base["variants"][name] for name in own["variants"]}
+    for key in ("reach", "ablation"):
+        if key not in own and key in base:
+            series[key] = [name for name in base[key] if name in series["variants"]]
     return series
 
 
@@ -139,7 +173,7 @@ def print_table(folder: Path, series: dict) -> None:
                "--squad", table.get("squad", "examples/data/squad/dev-v1.1.json"),
                "--held-out-from", str(table.get("held_out_from", 40))]  # fmt: skip
     if table.get("baseline_from"):
-        command += ["--baseline-from", str((folder / table["baseline_from"]).resolve())]
+        command += ["--baseline-from", table["baseline_from"]]
     logged(command)
 
 

@@ -80,3 +80,50 @@ def test_a_series_file_naming_an_unknown_variant_is_refused(tmp_path):
     proc = subprocess.run([*SERIES, str(tmp_path), "--runs", str(tmp_path / "r"), "--dry-run"],
                           env=subprocess_env(), capture_output=True, text=True, cwd=REPO)  # fmt: skip
     assert proc.returncode == 2 and "'ablation' names ['cluster-layer6']" in proc.stderr, proc.stderr
+
+
+def write_json(folder, content):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "series.json").write_text(json.dumps(content), encoding="utf-8")
+
+
+def test_a_series_says_only_what_differs_from_its_base(tmp_path, capsys):
+    """'base': settings and table merged key by key, a variants list keeps the base's, the analyses follow the
+    variants kept, baseline_from stays relative to the file that names it; a loop of bases and a variant the base
+    lacks are refused."""
+    from benchmarks.qa_series import load_series
+
+    write_json(tmp_path / "root" / "first", {
+        "contexts": "article", "settings": {"UPDATES": 400, "LR": "1e-4"}, "seeds": [1, 2],
+        "variants": {"none": {"KIND": "none"}, "cluster-layer6": {"KIND": "cluster", "LONG_RANGE_LAYERS": 6},
+                     "sparse-layer6": {"KIND": "sparse", "LONG_RANGE_LAYERS": 6}},
+        "reach": ["cluster-layer6", "sparse-layer6"],
+        "table": {"held_out_from": 40, "baseline_from": "../baseline"}})  # fmt: skip
+    write_json(tmp_path / "second", {"base": "../root/first", "settings": {"UPDATES": 800}, "seeds": [3],
+                                     "variants": ["none", "cluster-layer6"], "table": {"squad": "s.json"}})  # fmt: skip
+    series = load_series(tmp_path / "second")
+    assert series["settings"] == {"UPDATES": 800, "LR": "1e-4"} and series["seeds"] == [3]
+    assert list(series["variants"]) == ["none", "cluster-layer6"] and series["reach"] == ["cluster-layer6"]
+    assert series["table"] == {"held_out_from": 40, "squad": "s.json",
+                               "baseline_from": str((tmp_path / "root" / "baseline").resolve())}  # fmt: skip
+
+    write_json(tmp_path / "stray", {"base": "../second", "variants": ["sparse-layer6"]})
+    with pytest.raises(SystemExit):
+        load_series(tmp_path / "stray")
+    assert "'variants' names ['sparse-layer6'], not among its base's" in capsys.readouterr().err
+    write_json(tmp_path / "a", {"base": "../b"})
+    write_json(tmp_path / "b", {"base": "../a"})
+    with pytest.raises(SystemExit):
+        load_series(tmp_path / "a")
+    assert "the 'base' chain comes back to it" in capsys.readouterr().err
+
+
+def test_the_committed_800_update_series_is_the_budget_series_at_800_updates():
+    from benchmarks.qa_series import load_series
+
+    results = REPO / "benchmarks" / "results" / "qa_pretrained"
+    budget, middle = load_series(results / "cpu_budget"), load_series(results / "cpu_budget_800")
+    assert middle["settings"] == {**budget["settings"], "UPDATES": 800}
+    assert middle["variants"] == {name: budget["variants"][name] for name in ("none", "cluster-layer6")}
+    assert {k: v for k, v in middle.items() if k not in ("settings", "variants")} == {
+        k: v for k, v in budget.items() if k not in ("settings", "variants")}
