@@ -1,6 +1,6 @@
 """How far a fairseq run got: print the updates and the training hours saved in a checkpoint ("0 0" when the file
 does not exist: a run not started yet), for the recipes that resume runs (examples/code/compare.sh,
-examples/qa/cpu_pretrained.sh).
+examples/qa/train.sh, which examples/qa/cpu_pretrained.sh asks).
 
     python examples/checkpoint_progress.py SAVE_DIR/checkpoint_last.pt   ->   "2500 0.61"
     python examples/checkpoint_progress.py SAVE_DIR/checkpoint_last.pt --expect max_update=800 --expect lr=1e-4
@@ -82,9 +82,13 @@ def saved_settings(state: dict) -> dict[str, list[Any]]:
     return leaves
 
 
+def one(saved: Any) -> Any:
+    """fairseq keeps --lr and --update-freq as lists of one value: that value."""
+    return saved[0] if isinstance(saved, (list, tuple)) and len(saved) == 1 else saved
+
+
 def same(saved: Any, expected: str) -> bool:
-    if isinstance(saved, (list, tuple)) and len(saved) == 1:  # fairseq keeps --lr as a list of one
-        saved = saved[0]
+    saved = one(saved)
     if isinstance(saved, bool) or not isinstance(saved, (int, float)):
         return str(saved) == expected
     try:
@@ -98,11 +102,12 @@ def check_settings(path: Path, state: dict, expected: dict[str, str]) -> None:
     missing = sorted(set(expected) - set(leaves))
     if missing:
         fail(path, f"its saved configuration has no setting {', '.join(missing)} (--expect names a fairseq option)")
-    differ = [f"{name} {' / '.join(dict.fromkeys(map(str, leaves[name])))} (this call: {value})"
+    differ = [f"{name} {' / '.join(dict.fromkeys(str(one(v)) for v in leaves[name]))} (this call: {value})"
               for name, value in expected.items() if not all(same(v, value) for v in leaves[name])]  # fmt: skip
     if differ:
         fail(path, "was trained with other settings: " + "; ".join(differ) + ". It is another run's checkpoint "
-             "(another budget's, under the same folder?): give this run another --out, or move that folder away")
+             "(another budget's, under the same folder?): give this run another folder (--out, SAVE_DIR), or move "
+             "that one away")
 
 
 def main(argv: list[str]) -> None:

@@ -139,7 +139,10 @@ def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
     settings = {"max_update": 10, "total_num_update": 10, "lr": [1e-4], "warmup_updates": 1, "batch_size": 16,
                 "seed": 1, "max_context_train": 512, "num_clusters": 64, "window_size": 192, "window_stride": 160,
                 "memory_size": 50000, "cluster_update_interval": 200, "attention_dropout": 0.1,
-                "max_question_tokens": 40}  # fmt: skip
+                "max_question_tokens": 40, "arch": "clusterformer_qa_base", "long_range_layer": "none",
+                "max_context_eval": 12000, "context_overflow": "truncate", "adam_betas": "(0.9, 0.98)",
+                "adam_eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0, "update_freq": [1],
+                "dropout": 0.1}  # fmt: skip
     state = {"optimizer_history": [{"num_updates": 2}], "extra_state": {"previous_training_time": 7200.0},
              "cfg": {"optimization": settings}}  # fmt: skip
     torch.save(state, run_dir / "checkpoint_last.pt")
@@ -155,8 +158,44 @@ def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
     # another budget under the same name: neither resumed under this call's schedule nor scored as this call's run
     proc = recipe(*args, UPDATES="20", LR="1e-4")
     assert proc.returncode == 2 and "train.sh" not in proc.stdout and "qa.scripts.predict" not in proc.stdout
-    differ = "was trained with other settings: max_update 10 (this call: 20); total_num_update 10 (this call: 20); "
-    assert differ + "warmup_updates 1 (this call: 2)." in proc.stderr and "run paragraph_none_seed1: " in proc.stderr
+    assert "was trained with other settings: " in proc.stderr and "run paragraph_none_seed1: " in proc.stderr
+    for differ in ("max_update 10 (this call: 20)", "total_num_update 10 (this call: 20)",
+                   "warmup_updates 1 (this call: 2)"):
+        assert differ in proc.stderr, proc.stderr
+    assert proc.stderr.count("(this call: ") == 3, proc.stderr  # the settings alike are not named
+
+
+def test_train_sh_resumes_only_a_checkpoint_of_its_own_settings(tmp_path):
+    """examples/qa/train.sh --progress: a checkpoint in SAVE_DIR saved with train.sh --small's settings is reported
+    (updates, hours); one call's setting changed (LR) is refused naming it, before fairseq-train; the same value given
+    again among the extra arguments is fairseq-train's to take and not checked."""
+    import torch
+
+    # what fairseq saved for train.sh --small (clusterformer_qa_tiny, from scratch), in the groups it keeps them
+    saved = {"arch": "clusterformer_qa_tiny", "long_range_layer": "cluster", "num_clusters": 16, "window_size": 64,
+             "window_stride": 48, "max_question_tokens": 61, "max_context_train": 2048, "max_context_eval": 10000,
+             "context_overflow": "truncate", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-6, "weight_decay": 0.01,
+             "clip_norm": 1.0, "lr": [1e-3], "warmup_updates": 200, "total_num_update": "2000", "max_update": 2000,
+             "batch_size": 8, "update_freq": [1], "dropout": 0.1, "attention_dropout": 0.1, "memory_size": 20000,
+             "cluster_update_interval": 200, "seed": 1}  # fmt: skip
+    save = tmp_path / "run"
+    save.mkdir()
+    state = {"optimizer_history": [{"num_updates": 300}], "extra_state": {"previous_training_time": 1800.0},
+             "cfg": {"optimization": {"lr": [1e-3]}, "model": saved}}  # fmt: skip
+    torch.save(state, save / "checkpoint_last.pt")
+    train = [str(REPO / "examples" / "qa" / "train.sh"), str(tmp_path / "not-prepared"), "--small", "--progress"]
+
+    def progress(*extra, **env):
+        return subprocess.run(["bash", *train, *extra], env={**subprocess_env(), "SAVE_DIR": str(save), **env},
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    same = progress()
+    assert same.returncode == 0 and same.stdout == "300 0.5\n", same.stderr
+    other = progress(LR="2e-3")
+    assert other.returncode == 2 and "was trained with other settings: lr 0.001 (this call: 2e-3)." in other.stderr
+    assert other.stderr.count("(this call: ") == 1, other.stderr
+    assert progress("--lr", "2e-3", LR="2e-3").returncode == 0  # the extra arguments' --lr is fairseq-train's
+    assert progress(SAVE_DIR=str(tmp_path / "new")).stdout == "0 0\n"  # nothing to resume, nothing to check
 
 
 @pytest.mark.e2e

@@ -113,18 +113,12 @@ run() { if ((DRY)); then printf '%q ' "$@"; echo; else "$@"; fi; }
 log() { if ((DRY)); then cat; else tee "$@"; fi; }
 # fairseq's whole log into the run's file; on the terminal its progress, time left, warnings and errors
 train_log() { if ((DRY)); then cat; else python "$here/train_progress.py" "$1" "$UPDATES"; fi; }
-# updates done and hours trained, from checkpoint_last.pt of run $1 (0 0 where there is none); a checkpoint trained
-# with other settings than this call's (another budget's run of the same name under one --out) is refused
+# updates done and hours trained of the run in $OUT/$NAME (0 0 where it has no checkpoint yet), as train.sh tells them
+# with the settings this call trains with: a checkpoint trained with others (another budget's run of the same name
+# under one --out) is refused, naming each setting that differs
 progress() {
-    local expect=() setting
-    for setting in max_update="$UPDATES" total_num_update="$UPDATES" lr="$LR" warmup_updates="$WARMUP" \
-        batch_size="$BATCH" seed="$SEED" max_context_train="$MAX_CONTEXT_TRAIN" num_clusters="$CLUSTERS" \
-        window_size="$WINDOW" window_stride="$STRIDE" memory_size="$MEMORY" cluster_update_interval="$KMEANS_INTERVAL" \
-        attention_dropout="$ATTENTION_DROPOUT" max_question_tokens="$MAX_QUESTION"; do
-        expect+=(--expect "$setting")
-    done
-    python "$here/../checkpoint_progress.py" "$OUT/$1/checkpoint_last.pt" "${expect[@]}" ||
-        recipe_die "run $1: cannot tell how far it got from $OUT/$1/checkpoint_last.pt, or it is another run's (above)"
+    env "${TRAIN_ENV[@]}" bash "$here/train.sh" "${TRAIN_ARGS[@]}" --progress ||
+        recipe_die "run $NAME: cannot tell how far it got from $OUT/$NAME/checkpoint_last.pt, or it is another run's (above)"
 }
 # FOLDER was made from the encoder in $ENCODER, and records it (encoder_source.py); nothing to check before the import
 made_from() {
@@ -166,22 +160,25 @@ python "$here/encoder_source.py" check-layers "$HF" "$LONG_RANGE_LAYERS" "$KIND"
 NAME="${CONTEXTS}_${VARIANT}_seed$SEED"
 echo "| run $NAME: $OUT/$NAME"
 made_from "$OUT/$NAME"
-done_before="$(progress "$NAME")"
+# the fine-tuning's settings: train.sh trains with them, and checks a checkpoint it would resume against them
+TRAIN_ENV=(OMP_NUM_THREADS="$THREADS" ARCH=clusterformer_qa_base ROBERTA="$ENCODER" LONG_RANGE="$KIND" WINDOW="$WINDOW"
+    STRIDE="$STRIDE" MAX_QUESTION="$MAX_QUESTION" BATCH="$BATCH" MAX_SENTENCES="$BATCH" LR="$LR" WARMUP="$WARMUP"
+    UPDATES="$UPDATES" MAX_CONTEXT_TRAIN="$MAX_CONTEXT_TRAIN" MAX_CONTEXT_EVAL="$MAX_CONTEXT_EVAL" CLUSTERS="$CLUSTERS"
+    KMEANS_INTERVAL="$KMEANS_INTERVAL" MEMORY="$MEMORY" SEED="$SEED" SAVE_DIR="$OUT/$NAME"
+    ATTENTION_DROPOUT="$ATTENTION_DROPOUT")
+TRAIN_ARGS=("$SQUAD/bin" --small "${PRECISION_FLAGS[@]}" --long-range-layers "$LONG_RANGE_LAYERS"
+    --long-range-mode "$LONG_RANGE_MODE" --disable-validation --log-interval 20 "${SAVE_FLAGS[@]}")
+done_before="$(progress)"
 read -r done_updates hours_before <<< "$done_before"
 stop_hours=$(python -c "m = float('$MAX_HOURS'); print(0 if m <= 0 else round($hours_before + m, 6))") ||
     { echo "$0: MAX_HOURS=$MAX_HOURS: expected a number of hours" >&2; exit 2; }
 start=$SECONDS
-((done_updates >= UPDATES)) || run env OMP_NUM_THREADS="$THREADS" ARCH=clusterformer_qa_base ROBERTA="$ENCODER" LONG_RANGE="$KIND" \
-    WINDOW="$WINDOW" STRIDE="$STRIDE" MAX_QUESTION="$MAX_QUESTION" BATCH="$BATCH" MAX_SENTENCES="$BATCH" LR="$LR" \
-    WARMUP="$WARMUP" UPDATES="$UPDATES" MAX_CONTEXT_TRAIN="$MAX_CONTEXT_TRAIN" MAX_CONTEXT_EVAL="$MAX_CONTEXT_EVAL" \
-    CLUSTERS="$CLUSTERS" KMEANS_INTERVAL="$KMEANS_INTERVAL" MEMORY="$MEMORY" SEED="$SEED" SAVE_DIR="$OUT/$NAME" \
-    ATTENTION_DROPOUT="$ATTENTION_DROPOUT" bash "$here/train.sh" "$SQUAD/bin" --small "${PRECISION_FLAGS[@]}" \
-    --long-range-layers "$LONG_RANGE_LAYERS" --long-range-mode "$LONG_RANGE_MODE" --disable-validation \
-    --stop-time-hours "$stop_hours" --log-interval 20 "${SAVE_FLAGS[@]}" > >(train_log "$OUT/$NAME.train.log") 2>&1
+((done_updates >= UPDATES)) || run env "${TRAIN_ENV[@]}" bash "$here/train.sh" "${TRAIN_ARGS[@]}" \
+    --stop-time-hours "$stop_hours" > >(train_log "$OUT/$NAME.train.log") 2>&1
 wait
 echo "| fine-tuning $NAME: $((SECONDS - start)) s"
 if ((!DRY)); then
-    done_after="$(progress "$NAME")"
+    done_after="$(progress)"
     read -r done_updates _ <<< "$done_after"
     if ((done_updates < UPDATES)); then
         echo "$0: $NAME stopped by MAX_HOURS=$MAX_HOURS at update $done_updates of $UPDATES: not scored (a partly" \

@@ -15,6 +15,10 @@
 #   device), DROPOUT, ATTENTION_DROPOUT (DROPOUT), LONG_RANGE (a --long-range-layer value: fairseq-train's help
 #   lists them), CLUSTERS, WINDOW, STRIDE, MAX_CONTEXT_TRAIN, MAX_CONTEXT_EVAL, MAX_QUESTION, CONTEXT_OVERFLOW
 #   (truncate|skip), MEMORY, KMEANS_INTERVAL, KMEANS_BACKEND, SAVE_DIR, SEED. Extra arguments go to fairseq-train as they are.
+# A checkpoint_last.pt already in SAVE_DIR is resumed only if it was trained with this call's settings (the
+#   RUN_SETTINGS below, less any flag the extra arguments give again): another run's is refused, naming each setting
+#   that differs. --progress: that check, then the checkpoint's updates and training hours printed ("0 0" where there
+#   is none) instead of training (the recipes that resume runs ask it how far a run got).
 set -euo pipefail
 
 if (($# < 1)) || [[ "$1" == -h || "$1" == --help ]]; then
@@ -22,12 +26,18 @@ if (($# < 1)) || [[ "$1" == -h || "$1" == --help ]]; then
     exit $(($# < 1 ? 2 : 0))
 fi
 DATA="$1"; shift
-SMALL=0
+SMALL=0 PROGRESS=0
 EXTRA=()
 for arg in "$@"; do
-    if [[ "$arg" == --small ]]; then SMALL=1; else EXTRA+=("$arg"); fi
+    case "$arg" in
+        --small) SMALL=1 ;;
+        --progress) PROGRESS=1 ;;
+        *) EXTRA+=("$arg") ;;
+    esac
 done
-[[ -f "$DATA/dict.txt" && -f "$DATA/qa_config.json" ]] || { echo "$0: $DATA is not a binarised QA directory" >&2; exit 2; }
+# how far a run got is asked before its data is prepared too (a recipe's dry run)
+((PROGRESS)) || [[ -f "$DATA/dict.txt" && -f "$DATA/qa_config.json" ]] ||
+    { echo "$0: $DATA is not a binarised QA directory" >&2; exit 2; }
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$(dirname "$here")")"
 # shellcheck source=../recipe_args.sh
@@ -55,27 +65,43 @@ CONTEXT_OVERFLOW="${CONTEXT_OVERFLOW:-truncate}" KMEANS_BACKEND="${KMEANS_BACKEN
 SAVE_DIR="${SAVE_DIR:-checkpoints/qa_${ARCH}_${LONG_RANGE}}"
 
 # 160 questions per update: as many forward passes per device as it takes (fairseq's --update-freq)
-DEVICES=$(python -c "import torch; print(max(1, torch.cuda.device_count()))")
-((SMALL)) && DEVICES=1
+DEVICES=1
+((SMALL)) || DEVICES=$(python -c "import torch; print(max(1, torch.cuda.device_count()))")
 UPDATE_FREQ=$(((BATCH + MAX_SENTENCES * DEVICES - 1) / (MAX_SENTENCES * DEVICES)))
 
 PRETRAINED=()
 if [[ -n "$ROBERTA" ]]; then
-    [[ -f "$ROBERTA/model.pt" ]] || { echo "$0: no RoBERTa checkpoint at $ROBERTA/model.pt (set ROBERTA= to train from scratch)" >&2; exit 2; }
+    ((PROGRESS)) || [[ -f "$ROBERTA/model.pt" ]] ||
+        { echo "$0: no RoBERTa checkpoint at $ROBERTA/model.pt (set ROBERTA= to train from scratch)" >&2; exit 2; }
     PRETRAINED=(--roberta-path "$ROBERTA")
+fi
+
+# the settings that make the run what it is: fairseq-train gets them, and a checkpoint already in SAVE_DIR must have
+# been trained with them, else resuming it would go on under other settings, or score another run as this one
+RUN_SETTINGS=(--arch "$ARCH" --long-range-layer "$LONG_RANGE" --num-clusters "$CLUSTERS" --window-size "$WINDOW"
+    --window-stride "$STRIDE" --max-question-tokens "$MAX_QUESTION" --max-context-train "$MAX_CONTEXT_TRAIN"
+    --max-context-eval "$MAX_CONTEXT_EVAL" --context-overflow "$CONTEXT_OVERFLOW" --adam-betas '(0.9, 0.98)'
+    --adam-eps 1e-6 --weight-decay 0.01 --clip-norm 1.0 --lr "$LR" --warmup-updates "$WARMUP"
+    --total-num-update "$UPDATES" --max-update "$UPDATES" --batch-size "$MAX_SENTENCES" --update-freq "$UPDATE_FREQ"
+    --dropout "$DROPOUT" --attention-dropout "$ATTENTION_DROPOUT" --memory-size "$MEMORY"
+    --cluster-update-interval "$KMEANS_INTERVAL" --seed "$SEED")
+EXPECT=()
+for ((i = 0; i < ${#RUN_SETTINGS[@]}; i += 2)); do
+    flag="${RUN_SETTINGS[i]}" name="${RUN_SETTINGS[i]#--}"
+    # a flag the extra arguments give again is theirs (fairseq-train takes the last value): not this list's to check
+    [[ " ${EXTRA[*]-} " == *" $flag "* || " ${EXTRA[*]-} " == *" $flag="* ]] && continue
+    EXPECT+=(--expect "${name//-/_}=${RUN_SETTINGS[i + 1]}")
+done
+progress=$(python "$repo/examples/checkpoint_progress.py" "$SAVE_DIR/checkpoint_last.pt" "${EXPECT[@]}") || exit 2
+if ((PROGRESS)); then
+    echo "$progress"
+    exit 0
 fi
 
 set -x
 fairseq-train "$DATA" --user-dir "$repo/fairseq_clusterformer" \
-    --task clusterformer_qa --arch "$ARCH" --criterion clusterformer_qa "${PRETRAINED[@]}" \
-    --long-range-layer "$LONG_RANGE" --num-clusters "$CLUSTERS" --window-size "$WINDOW" --window-stride "$STRIDE" \
-    --max-question-tokens "$MAX_QUESTION" --max-context-train "$MAX_CONTEXT_TRAIN" \
-    --max-context-eval "$MAX_CONTEXT_EVAL" --context-overflow "$CONTEXT_OVERFLOW" \
-    --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-6 --weight-decay 0.01 --clip-norm 1.0 \
-    --lr "$LR" --lr-scheduler polynomial_decay --warmup-updates "$WARMUP" --total-num-update "$UPDATES" \
-    --max-update "$UPDATES" --batch-size "$MAX_SENTENCES" --update-freq "$UPDATE_FREQ" \
-    --dropout "$DROPOUT" --attention-dropout "$ATTENTION_DROPOUT" \
-    --memory-size "$MEMORY" --cluster-update-interval "$KMEANS_INTERVAL" --kmeans-backend "$KMEANS_BACKEND" \
+    --task clusterformer_qa --criterion clusterformer_qa "${PRETRAINED[@]}" "${RUN_SETTINGS[@]}" \
+    --optimizer adam --lr-scheduler polynomial_decay --kmeans-backend "$KMEANS_BACKEND" \
     --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --no-epoch-checkpoints \
-    --save-dir "$SAVE_DIR" --seed "$SEED" --log-format simple --log-interval 50 --num-workers 0 \
+    --save-dir "$SAVE_DIR" --log-format simple --log-interval 50 --num-workers 0 \
     "${DEVICE[@]}" "${EXTRA[@]}"
