@@ -91,12 +91,13 @@ def per_question(predictions: dict[str, str], gold: dict[str, list[str]]) -> dic
 def load_results(entries: list[str], gold: dict[str, list[str]]) -> list[dict[str, Any]]:
     """The runs of every --results entry (DIR, or KIND=DIR: run_folders.py), each scored per question against
     ``gold``; two runs of one contexts, kind and seed are refused, naming both folders."""
-
-    def place(folder: Path, summary: dict[str, Any]) -> tuple[str, str, int]:
-        return folder.name.split("_")[0], row_kind(summary), summary["settings"]["seed"]
-
-    placed = scored_runs(entries, place, "contexts, kind, seed")
+    placed = scored_runs(entries, run_place, "contexts, kind, seed")
     return [scored_run(folder, summary, gold) for folder, summary in placed.values()]
+
+
+def run_place(folder: Path, summary: dict[str, Any]) -> tuple[str, str, int]:
+    """A run's row of table b: its contexts (the folder name's first word), kind and seed."""
+    return folder.name.split("_")[0], row_kind(summary), summary["settings"]["seed"]
 
 
 def scored_run(folder: Path, summary: dict[str, Any], gold: dict[str, list[str]]) -> dict[str, Any]:
@@ -114,8 +115,9 @@ def scored_run(folder: Path, summary: dict[str, Any], gold: dict[str, list[str]]
         path = folder / name
         return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
-    return {"name": folder.name, "contexts": folder.name.split("_")[0], "kind": row_kind(summary),
-            "seed": summary["settings"]["seed"], "summary": summary, "scores": scores, "predictions": predictions,
+    contexts, kind, seed = run_place(folder, summary)
+    return {"name": folder.name, "contexts": contexts, "kind": kind, "seed": seed, "summary": summary,
+            "scores": scores, "predictions": predictions,
             "reach": measured("reach.json"), "gate_ablation": measured("gate_ablation.json"),
             "centroid_shift": measured("centroid_shift.json")}  # fmt: skip
 
