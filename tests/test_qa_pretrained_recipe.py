@@ -142,7 +142,8 @@ def test_a_resumed_run_gets_max_hours_beyond_the_hours_it_has_trained(tmp_path):
                 "max_question_tokens": 40, "arch": "clusterformer_qa_base", "long_range_layer": "none",
                 "max_context_eval": 12000, "context_overflow": "truncate", "adam_betas": "(0.9, 0.98)",
                 "adam_eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0, "update_freq": [1],
-                "dropout": 0.1}  # fmt: skip
+                "dropout": 0.1, "kmeans_backend": "auto", "optimizer": "adam",
+                "lr_scheduler": "polynomial_decay"}  # fmt: skip
     state = {"optimizer_history": [{"num_updates": 2}], "extra_state": {"previous_training_time": 7200.0},
              "cfg": {"optimization": settings}}  # fmt: skip
     torch.save(state, run_dir / "checkpoint_last.pt")
@@ -177,7 +178,8 @@ def test_train_sh_resumes_only_a_checkpoint_of_its_own_settings(tmp_path):
              "context_overflow": "truncate", "adam_betas": "(0.9, 0.98)", "adam_eps": 1e-6, "weight_decay": 0.01,
              "clip_norm": 1.0, "lr": [1e-3], "warmup_updates": 200, "total_num_update": "2000", "max_update": 2000,
              "batch_size": 8, "update_freq": [1], "dropout": 0.1, "attention_dropout": 0.1, "memory_size": 20000,
-             "cluster_update_interval": 200, "seed": 1}  # fmt: skip
+             "cluster_update_interval": 200, "kmeans_backend": "auto", "optimizer": "adam",
+             "lr_scheduler": "polynomial_decay", "seed": 1}  # fmt: skip
     save = tmp_path / "run"
     save.mkdir()
     state = {"optimizer_history": [{"num_updates": 300}], "extra_state": {"previous_training_time": 1800.0},
@@ -195,6 +197,9 @@ def test_train_sh_resumes_only_a_checkpoint_of_its_own_settings(tmp_path):
     assert other.returncode == 2 and "was trained with other settings: lr 0.001 (this call: 2e-3)." in other.stderr
     assert other.stderr.count("(this call: ") == 1, other.stderr
     assert progress("--lr", "2e-3", LR="2e-3").returncode == 0  # the extra arguments' --lr is fairseq-train's
+    # the K-Means backend makes the centroids: another one would go on clustering differently
+    backend = progress(KMEANS_BACKEND="torch")
+    assert backend.returncode == 2 and "kmeans_backend auto (this call: torch)" in backend.stderr, backend.stderr
     assert progress(SAVE_DIR=str(tmp_path / "new")).stdout == "0 0\n"  # nothing to resume, nothing to check
 
 

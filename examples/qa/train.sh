@@ -84,7 +84,8 @@ RUN_SETTINGS=(--arch "$ARCH" --long-range-layer "$LONG_RANGE" --num-clusters "$C
     --adam-eps 1e-6 --weight-decay 0.01 --clip-norm 1.0 --lr "$LR" --warmup-updates "$WARMUP"
     --total-num-update "$UPDATES" --max-update "$UPDATES" --batch-size "$MAX_SENTENCES" --update-freq "$UPDATE_FREQ"
     --dropout "$DROPOUT" --attention-dropout "$ATTENTION_DROPOUT" --memory-size "$MEMORY"
-    --cluster-update-interval "$KMEANS_INTERVAL" --seed "$SEED")
+    --cluster-update-interval "$KMEANS_INTERVAL" --kmeans-backend "$KMEANS_BACKEND" --optimizer adam
+    --lr-scheduler polynomial_decay --seed "$SEED")
 EXPECT=()
 for ((i = 0; i < ${#RUN_SETTINGS[@]}; i += 2)); do
     flag="${RUN_SETTINGS[i]}" name="${RUN_SETTINGS[i]#--}"
@@ -101,7 +102,6 @@ fi
 set -x
 fairseq-train "$DATA" --user-dir "$repo/fairseq_clusterformer" \
     --task clusterformer_qa --criterion clusterformer_qa "${PRETRAINED[@]}" "${RUN_SETTINGS[@]}" \
-    --optimizer adam --lr-scheduler polynomial_decay --kmeans-backend "$KMEANS_BACKEND" \
     --best-checkpoint-metric f1 --maximize-best-checkpoint-metric --no-epoch-checkpoints \
     --save-dir "$SAVE_DIR" --log-format simple --log-interval 50 --num-workers 0 \
     "${DEVICE[@]}" "${EXTRA[@]}"
