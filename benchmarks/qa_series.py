@@ -3,6 +3,7 @@ finished run scored, analysed and collected into the series' folder, then the pa
 
     python -m benchmarks.qa_series benchmarks/results/qa_pretrained/cpu_budget --runs ~/qa_scale/runs
     python -m benchmarks.qa_series SERIES --runs DIR --dry-run      # what it would do, nothing run
+    python -m benchmarks.qa_series SERIES --runs DIR --seeds 2 --variants none cluster-layer6   # one pair only
 
 A PRECISION=bf16 series is refused on a CPU whose bfloat16 product is slower than its float32 one (no AVX512-BF16
 or AMX), before anything runs: its runs would take many times the hours planned (--allow-slow-bf16 runs them anyway).
@@ -198,6 +199,14 @@ def print_table(folder: Path, series: dict) -> None:
     logged(command)
 
 
+def chosen(flag: str, names: list | None, series_names: list | dict) -> list:
+    """The series' seeds or variants that ``flag`` keeps (all where it is not given), in the series' order."""
+    stray = [name for name in names or [] if name not in series_names]
+    if stray:
+        fail(f"{flag} {' '.join(map(str, stray))}: not among the series' {list(series_names)} (series.json)")
+    return [name for name in series_names if names is None or name in names]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -205,14 +214,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("series", type=Path, help="the series' results folder, holding series.json")
     parser.add_argument("--runs", type=Path, required=True, help="where the runs train (outside the work tree)")
     parser.add_argument("--dry-run", action="store_true", help="say what is done and what would run; run nothing")
+    parser.add_argument("--seeds", type=int, nargs="+", metavar="SEED", help="only these of the series' seeds")
+    parser.add_argument("--variants", nargs="+", metavar="NAME",
+                        help="only these of its variants (a session with time for one pair runs one: without these "
+                             "the next runs start as soon as a pair is collected)")  # fmt: skip
     parser.add_argument("--allow-slow-bf16", action="store_true",
                         help="run a PRECISION=bf16 series on a CPU whose bfloat16 product is slower than float32's "
                              "(refused by default: a run there takes many times the hours planned)")  # fmt: skip
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     folder, series = args.series.resolve(), load_series(args.series)
+    seeds, variants = (
+        chosen("--seeds", args.seeds, series["seeds"]),
+        chosen("--variants", args.variants, series["variants"]),
+    )
     todo = []
-    for seed in series["seeds"]:  # seed by seed, so that the runs side by side are pairs of one seed
-        for variant in series["variants"]:
+    for seed in seeds:  # seed by seed, so that the runs side by side are pairs of one seed
+        for variant in variants:
             done = committed(folder, series, variant, seed)
             if done.is_dir():
                 print(f"| {variant} seed {seed}: committed ({done})")

@@ -150,3 +150,23 @@ def test_a_bfloat16_series_is_refused_on_a_cpu_without_native_bfloat16(tmp_path,
         with pytest.raises(subprocess.CalledProcessError):  # past the check: the recipe's --prepare-only ran
             qa_series.main([*command, *more])
         assert "multiplies bfloat16" not in capsys.readouterr().err
+
+
+def test_seeds_and_variants_choose_the_runs_of_one_call(tmp_path, capsys):
+    """--seeds / --variants keep those runs, in the series' order (a session with time for one pair runs one pair);
+    a seed or variant the series lacks is refused, naming the flag."""
+    from benchmarks.qa_series import main
+
+    write_json(tmp_path / "s", dict(contexts="article", settings={}, seeds=[1, 2],
+                                    variants={"none": {"KIND": "none"}, "cluster-layer6": {"KIND": "cluster"},
+                                              "sparse-layer6": {"KIND": "sparse"}}))  # fmt: skip
+    command = [str(tmp_path / "s"), "--runs", str(tmp_path / "runs"), "--dry-run"]
+    assert main([*command, "--seeds", "2", "--variants", "cluster-layer6", "none"]) == 0
+    planned = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()]
+    assert planned == ["| none seed 2", "| cluster-layer6 seed 2"], planned
+    main(command)
+    assert len(capsys.readouterr().out.splitlines()) == 6
+    for flag, value in (("--seeds", "3"), ("--variants", "lsh-layer6")):
+        with pytest.raises(SystemExit):
+            main([*command, flag, value])
+        assert f"{flag} {value}: not among the series'" in capsys.readouterr().err
