@@ -4,6 +4,7 @@ finished run scored, analysed and collected into the series' folder, then the pa
     python -m benchmarks.qa_series benchmarks/results/qa_pretrained/cpu_budget --runs ~/qa_scale/runs
     python -m benchmarks.qa_series SERIES --runs DIR --dry-run      # what it would do, nothing run
     python -m benchmarks.qa_series SERIES --runs DIR --seeds 2 --variants none cluster-layer6   # one pair only
+    python -m benchmarks.qa_series SERIES --runs DIR --seeds 2 --variants none --threads 2      # one run, both cores
 
 A PRECISION=bf16 series is refused on a CPU whose bfloat16 product is slower than its float32 one (no AVX512-BF16
 or AMX), before anything runs: its runs would take many times the hours planned (--allow-slow-bf16 runs them anyway).
@@ -218,11 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", metavar="NAME",
                         help="only these of its variants (a session with time for one pair runs one: without these "
                              "the next runs start as soon as a pair is collected)")  # fmt: skip
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="each run's threads (the recipe's THREADS) instead of the series': a run alone "
+                             "on a 2-core machine takes both (they change its time, not its settings)")  # fmt: skip
     parser.add_argument("--allow-slow-bf16", action="store_true",
                         help="run a PRECISION=bf16 series on a CPU whose bfloat16 product is slower than float32's "
                              "(refused by default: a run there takes many times the hours planned)")  # fmt: skip
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     folder, series = args.series.resolve(), load_series(args.series)
+    if args.threads is not None:
+        if args.threads < 1:
+            fail(f"--threads {args.threads}: expected 1 or more")
+        series["settings"]["THREADS"] = args.threads
     seeds, variants = (
         chosen("--seeds", args.seeds, series["seeds"]),
         chosen("--variants", args.variants, series["variants"]),

@@ -157,7 +157,7 @@ def test_seeds_and_variants_choose_the_runs_of_one_call(tmp_path, capsys):
     a seed or variant the series lacks is refused, naming the flag."""
     from benchmarks.qa_series import main
 
-    write_json(tmp_path / "s", dict(contexts="article", settings={}, seeds=[1, 2],
+    write_json(tmp_path / "s", dict(contexts="article", settings={"THREADS": 1}, seeds=[1, 2],
                                     variants={"none": {"KIND": "none"}, "cluster-layer6": {"KIND": "cluster"},
                                               "sparse-layer6": {"KIND": "sparse"}}))  # fmt: skip
     command = [str(tmp_path / "s"), "--runs", str(tmp_path / "runs"), "--dry-run"]
@@ -166,6 +166,8 @@ def test_seeds_and_variants_choose_the_runs_of_one_call(tmp_path, capsys):
     assert planned == ["| none seed 2", "| cluster-layer6 seed 2"], planned
     main(command)
     assert len(capsys.readouterr().out.splitlines()) == 6
+    main([*command, "--seeds", "1", "--variants", "none", "--threads", "2"])  # one run alone takes both cores
+    assert " THREADS=2 " in capsys.readouterr().out
     for flag, value in (("--seeds", "3"), ("--variants", "lsh-layer6")):
         with pytest.raises(SystemExit):
             main([*command, flag, value])
