@@ -11,8 +11,8 @@ and RUN.train.log beside RUN (the `+ fairseq-train ...` command line that train.
 lines). The settings are parsed from that command, not restated by hand: what ran is what is recorded. It writes
 RESULTS/CONTEXTS_VARIANT_seedSEED/ (VARIANT: the kind, -hybrid, -layerN as benchmarks/qa_device names them; the
 precision and attention dropout, the same for every row of one results folder, are settings, not part of the name):
-summary.json (settings, EM / F1, the CPU's model name, seconds: the scoring's from qa-predict's own
-'| scoring:' line where eval.log has it), valid.pred.json, eval.log, command.txt,
+summary.json (settings, EM / F1, the CPU's model name and its matmul rates, the threads and seconds: the scoring's
+from qa-predict's own '| scoring:' line where eval.log has it), valid.pred.json, eval.log, command.txt,
 train_inner.log (the progress lines and the K-Means refreshes'), and reach.json and cluster_ablation.json
 (benchmarks/qa_cluster_ablation.py) when given. An existing run folder
 there is refused: results are not overwritten.
@@ -31,6 +31,7 @@ from typing import Any
 
 from benchmarks.common import cpu_model
 from benchmarks.qa_device.runs import VARIANTS  # the row names of table b
+from fairseq_clusterformer.ops.precision import matmul_rates
 
 # fairseq-train flag -> (settings key, type)
 FLAGS = {
@@ -106,6 +107,7 @@ def collect(
     predict_cpu: float | None = None,
     predict_wall: float | None = None,
     ablation: Path | None = None,
+    threads: int | None = None,
 ) -> Path:
     train_log = run.parent / f"{run.name}.train.log"
     for path in (run / "summary.json", run / "valid.pred.json", run / "eval.log", train_log):
@@ -138,7 +140,10 @@ def collect(
         **{key: scores[key] for key in ("exact_match", "f1", "answered", "questions")},
         "baselines": {key: value for key, value in recipe_summary.items() if key != run.name},
         "device": f"{cpu_model()}, CPU",
+        # CPUs that print one model name differ (native bfloat16 or not): their product rates tell them apart
+        "matmul_gflops_one_thread": {key: round(rate, 1) for key, rate in zip(("float32", "bfloat16"), matmul_rates())},
         "seconds": {
+            "threads": threads,
             "train_wall": train_seconds,
             "predict_wall": None if predict_wall is None else round(predict_wall),
             "predict_cpu": predict_cpu,
@@ -165,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reach", type=Path, help="fairseq-clusterformer-qa-reach --json of this run's checkpoint")
     parser.add_argument("--ablation", type=Path, help="benchmarks/qa_cluster_ablation.py --json of this checkpoint")
     parser.add_argument("--train-seconds", type=float, help="the recipe's '| fine-tuning RUN: N s'")
+    parser.add_argument("--threads", type=int, help="the threads the run trained and scored with (THREADS)")
     parser.add_argument("--predict-cpu-seconds", type=float, help="the scoring process's CPU seconds, where measured")
     parser.add_argument(
         "--predict-wall-seconds",
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         if path is not None and not path.is_file():
             fail(f"{flag} {path} not found")
     seconds = (args.train_seconds, args.predict_cpu_seconds, args.predict_wall_seconds)
-    print(collect(args.run, args.results, args.reach, *seconds, ablation=args.ablation))
+    print(collect(args.run, args.results, args.reach, *seconds, ablation=args.ablation, threads=args.threads))
     return 0
 
 

@@ -185,6 +185,8 @@ def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path) -> 
             logged([*tool, data, *common, "--json", run / name])
         collect += [flag, run / name]
     _, hours = saved_progress(checkpoint)  # the hours its checkpoint records, as the recipe reads them
+    if "THREADS" in series["settings"]:
+        collect += ["--threads", series["settings"]["THREADS"]]
     python("qa_cpu_collect", run, "--results", folder, *collect, "--train-seconds", round(hours * 3600))
     if not committed(folder, series, variant, int(run.name.rsplit("_seed", 1)[1])).is_dir():
         fail(f"series.json's variant '{variant}' is not the row name qa_cpu_collect gave {run.name} in {folder}")

@@ -248,8 +248,8 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     results = tmp_path / "results"
     collect = [sys.executable, "-m", "benchmarks.qa_cpu_collect", run, "--results", results]
     (tmp_path / "ablation.json").write_text('{"questions": 3}')
-    proc = subprocess.run([*collect, "--train-seconds", "12", "--ablation", tmp_path / "ablation.json"],
-                          capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    more = ["--train-seconds", "12", "--ablation", tmp_path / "ablation.json", "--threads", "2"]
+    proc = subprocess.run([*collect, *more], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert (results / "article_cluster_seed3" / "cluster_ablation.json").read_text() == '{"questions": 3}'
     collected = json.loads((results / "article_cluster_seed3" / "summary.json").read_text())
@@ -259,7 +259,8 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     assert scoring, (run / "eval.log").read_text()
     seconds = collected["seconds"]
     assert (seconds["predict_wall"], seconds["predict_cpu"]) == (int(scoring[1]), int(scoring[2]))
-    assert seconds["train_wall"] == 12
+    assert seconds["train_wall"] == 12 and seconds["threads"] == 2
+    assert set(collected["matmul_gflops_one_thread"]) == {"float32", "bfloat16"}  # which kind of CPU timed it
     settings = collected["settings"]
     assert (settings["kind"], settings["variant"], settings["seed"]) == ("cluster", "cluster", 3)
     assert settings["updates"] == 6
