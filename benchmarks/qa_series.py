@@ -31,8 +31,9 @@ other key replaces the base's.)
 A run is done when its folder SERIES/CONTEXTS_VARIANT_seedSEED is committed. Any other run is trained by the recipe
 in RUNS (outside the work tree), which resumes it from its checkpoint_last.pt where one is there; a run the recipe's
 MAX_HOURS stops gets its progress record in SERIES/progress/ (benchmarks.qa_progress), to be continued by the same
-command in a later session; a finished one is scored by the recipe, then reach and the ablation run on it, and
-benchmarks.qa_cpu_collect copies it into SERIES (its training seconds: the hours its checkpoint records).
+command in a later session; a finished one is scored by the recipe, then reach and the ablation run on it,
+benchmarks.qa_cpu_collect copies it into SERIES (its training seconds: the hours its checkpoint records), and its
+progress record is written anew for the finished checkpoint.
 Arguments after `--` go to the recipe (`-- --hf DIR --data DIR`). Run from the checkout whose code is to train (a
 clone at a fixed commit, so that edits to the work tree never reach a run in progress); SERIES may lie in another.
 """
@@ -192,6 +193,14 @@ def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path) -> 
         fail(f"series.json's variant '{variant}' is not the row name qa_cpu_collect gave {run.name} in {folder}")
 
 
+def record_progress(folder: Path, series: dict, run: Path, command: list[str]) -> Path:
+    """SERIES/progress/RUN.json (benchmarks.qa_progress): how far the run got, its checkpoint's SHA-256, the CPU."""
+    record = folder / "progress" / f"{run.name}.json"
+    updates = series["settings"].get("UPDATES", 700)  # the recipe's default
+    python("qa_progress", "record", run, "--updates", updates, "--command", shlex.join(command), "--record", record)
+    return record
+
+
 def print_table(folder: Path, series: dict) -> None:
     table = series.get("table", {})
     command = [sys.executable, "-m", "benchmarks.qa_report.table", "--results", str(folder),
@@ -261,15 +270,14 @@ def main(argv: list[str] | None = None) -> int:
         for (variant, seed, command, run), proc in zip(batch, procs):
             status = 0 if proc is None else proc.wait()
             if status == STOPPED:
-                record = folder / "progress" / f"{run.name}.json"
-                updates = series["settings"].get("UPDATES", 700)
-                python("qa_progress", "record", run, "--updates", updates, "--command", shlex.join(command),
-                       "--record", record)  # fmt: skip
+                record = record_progress(folder, series, run, command)
                 print(f"| {variant} seed {seed}: stopped by MAX_HOURS; the same command continues it ({record})")
             elif status != 0:
                 fail(f"{variant} seed {seed}: the recipe exited with {status}: {shlex.join(command)}")
             else:
                 analyse_and_collect(folder, series, variant, run)
+                # the finished checkpoint's SHA-256 and machine, in place of a stopped run's record
+                record_progress(folder, series, run, command)
     if any(committed(folder, series, v, s).is_dir() for v in series["variants"] for s in series["seeds"]):
         print_table(folder, series)
     return 0

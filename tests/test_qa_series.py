@@ -68,6 +68,8 @@ def test_a_series_trains_what_it_lacks_resumes_collects_and_prints_its_table(tmp
         assert (cluster / name).is_file(), name
     assert not (none / "reach.json").exists() and not (none / "cluster_ablation.json").exists()
     assert "cluster-layer6" in out and "| none seed 2: to run" in out  # the table's row, after the plan
+    for record in records:  # the stopped runs' records now name the finished checkpoints
+        assert json.loads((folder / "progress" / record).read_text())["updates_done"] == 3
 
     out = run(command)
     assert "to run" not in out and out.count(": committed") == 2, out
