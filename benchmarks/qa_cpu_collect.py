@@ -12,7 +12,8 @@ lines). The settings are parsed from that command, not restated by hand: what ra
 RESULTS/CONTEXTS_VARIANT_seedSEED/ (VARIANT: the kind, -hybrid, -layerN as benchmarks/qa_device names them; the
 precision and attention dropout, the same for every row of one results folder, are settings, not part of the name):
 summary.json (settings, EM / F1, the CPU's model name and its matmul rates, the threads and seconds: the scoring's
-from qa-predict's own '| scoring:' line where eval.log has it), valid.pred.json, eval.log, command.txt,
+from qa-predict's own '| scoring:' line where eval.log has it), valid.pred.json, eval.log, command.txt ($RUNS and
+$REPO for this machine's folders),
 train_inner.log (the progress lines and the K-Means refreshes'), and reach.json and cluster_ablation.json
 (benchmarks/qa_cluster_ablation.py) when given. An existing run folder
 there is refused: results are not overwritten.
@@ -99,6 +100,13 @@ def scoring_seconds(run: Path, given_wall: float | None, given_cpu: float | None
     return (wall if given_wall is None else given_wall), (cpu if given_cpu is None else given_cpu)
 
 
+def portable(command: str, runs: Path) -> str:
+    """The fairseq-train line with this machine's folders as $RUNS (the recipe's --out) and $REPO (the checkout the
+    plug-in came from): a committed record names no home folder, and runs again where both are set."""
+    command = re.sub(r"--user-dir \S+/fairseq_clusterformer\b", "--user-dir $REPO/fairseq_clusterformer", command)
+    return command.replace(f"{runs}/", "$RUNS/")
+
+
 def collect(
     run: Path,
     results: Path,
@@ -154,7 +162,7 @@ def collect(
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     shutil.copyfile(run / "valid.pred.json", out / "valid.pred.json")
     shutil.copyfile(run / "eval.log", out / "eval.log")
-    (out / "command.txt").write_text(commands[-1] + "\n", encoding="utf-8")
+    (out / "command.txt").write_text(portable(commands[-1], run.parent) + "\n", encoding="utf-8")
     (out / "train_inner.log").write_text("\n".join(progress) + "\n", encoding="utf-8")
     if reach is not None:
         shutil.copyfile(reach, out / "reach.json")

@@ -260,6 +260,9 @@ def test_recipe_runs_end_to_end_from_an_imported_bert(tmp_path):
     seconds = collected["seconds"]
     assert (seconds["predict_wall"], seconds["predict_cpu"]) == (int(scoring[1]), int(scoring[2]))
     assert seconds["train_wall"] == 12 and seconds["threads"] == 2
+    command = (results / "article_cluster_seed3" / "command.txt").read_text()  # no folder of this machine
+    assert command.startswith("+ fairseq-train $RUNS/") and "--user-dir $REPO/fairseq_clusterformer " in command
+    assert str(run.parent) not in command and str(REPO) not in command, command
     assert set(collected["matmul_gflops_one_thread"]) == {"float32", "bfloat16"}  # which kind of CPU timed it
     settings = collected["settings"]
     assert (settings["kind"], settings["variant"], settings["seed"]) == ("cluster", "cluster", 3)
