@@ -6,17 +6,16 @@ runs, committed one at a time over several sessions, give table b's rows and pai
         --results benchmarks/results/qa_pretrained/cpu_reduced [--reach reach.json] [--ablation cluster_ablation.json] \
         [--train-seconds 2130]
 
-It reads what the recipe left: RUN/summary.json (EM / F1 and the span baselines), RUN/valid.pred.json, RUN/eval.log,
-and RUN.train.log beside RUN (the `+ fairseq-train ...` command line that train.sh echoes, and fairseq's progress
-lines). The settings are parsed from that command, not restated by hand: what ran is what is recorded. It writes
+It reads what the recipe left: RUN/summary.json (EM / F1 and the span baselines), RUN/valid.pred.json, RUN/eval.log, and
+RUN.train.log beside RUN (the `+ fairseq-train ...` command line that train.sh echoes, and fairseq's progress lines).
+The settings are parsed from that command, not restated by hand: what ran is what is recorded. It writes
 RESULTS/CONTEXTS_VARIANT_seedSEED/ (VARIANT: the kind, -hybrid, -layerN as benchmarks/qa_device names them; the
 precision and attention dropout, the same for every row of one results folder, are settings, not part of the name):
-summary.json (settings, EM / F1, the CPU's model name and its matmul rates, the threads and seconds: the scoring's
-from qa-predict's own '| scoring:' line where eval.log has it), valid.pred.json, eval.log, command.txt ($RUNS and
-$REPO for this machine's folders),
-train_inner.log (the progress lines and the K-Means refreshes'), and reach.json and cluster_ablation.json
-(benchmarks/qa_cluster_ablation.py) when given. An existing run folder
-there is refused: results are not overwritten.
+summary.json (settings, EM / F1, the CPU's model name and its matmul rates, the threads and seconds: the scoring's from
+qa-predict's own '| scoring:' line where eval.log has it), valid.pred.json, eval.log, command.txt ($RUNS and $REPO for
+this machine's folders), train_inner.log (the progress lines and the K-Means refreshes'), and reach.json and
+cluster_ablation.json (benchmarks/qa_cluster_ablation.py) when given. An existing run folder there is refused: results
+are not overwritten.
 """
 
 from __future__ import annotations
