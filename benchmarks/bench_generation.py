@@ -25,15 +25,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (
-    LoadSampler,
-    append_jsonl,
-    machine_info,
-    machine_markdown,
-    markdown_table,
-    prepare_char_data,
-    stopwatch,
-)
+from benchmarks.common import append_jsonl, markdown_table, prepare_char_data, stopwatch
+from benchmarks.machine import LoadSampler, machine_info, machine_markdown
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parent.parent / "fairseq_clusterformer"

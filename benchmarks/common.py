@@ -1,7 +1,7 @@
-"""What every benchmark shares: the machine it ran on (CPU, or GPU and driver), the one timer (``stopwatch``: wall and
-CPU seconds of a block, on a CPU or a CUDA device) and the repeated timings built on it, peak memory, subprocess
-workers, result files (JSON lines, markdown tables), the layers' shape flags and the character-level data. The matmul
-rate a floor is computed from is the package's (``ops/precision.py``).
+"""What every benchmark shares: the one timer (``stopwatch``: wall and CPU seconds of a block, on a CPU or a CUDA
+device) and the repeated timings built on it, peak memory, subprocess workers, result files (JSON lines, markdown
+tables), the layers' shape flags and the character-level data. The machine a figure was measured on: ``machine.py``.
+The matmul rate a floor is computed from is the package's (``ops/precision.py``).
 
 Peak memory is the process's peak resident set (VmHWM in /proc/self/status) after resetting it with
 ``/proc/self/clear_refs`` (Linux >= 4.0), measured in a fresh process per case: torch's CPU allocator returns large
@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,80 +27,6 @@ from fairseq_clusterformer.scripts.console_scripts import console_script
 
 GIB = 2**30
 MIB = 2**20
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return platform.processor() or "unknown"
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
-def machine_info() -> dict:
-    """What the figures were measured on."""
-    mem_total = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem_total = int(line.split()[1]) * 1024
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_total / GIB, 1),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-    }
-
-
-def gpu_driver() -> str:
-    """The NVIDIA driver version, from nvidia-smi (torch does not report it)."""
-    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-    try:
-        out = subprocess.run(query, capture_output=True, text=True, timeout=60, check=True).stdout
-    except (OSError, subprocess.SubprocessError) as err:
-        return f"unknown (nvidia-smi: {err})"
-    return out.strip().splitlines()[0] if out.strip() else "unknown (nvidia-smi printed nothing)"
-
-
-def device_info(device: torch.device) -> dict:
-    """The device's name and driver, and the software: the header of every GPU result file."""
-    info = {
-        "device": str(device),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": sys.version.split()[0],
-        "cpu": cpu_model(),
-        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info.update(
-            gpu=torch.cuda.get_device_name(device),
-            driver=gpu_driver(),
-            gpu_memory_gib=round(props.total_memory / 2**30, 1),
-            capability=f"{props.major}.{props.minor}",
-        )
-    else:
-        info.update(gpu=f"none: CPU run ({info['cpu']})", driver="none (no CUDA device)")
-    try:
-        import fairseq
-
-        info["fairseq"] = fairseq.__version__
-    except ImportError:
-        info["fairseq"] = "not installed"
-    return info
-
-
-def device_line(info: dict) -> str:
-    return (
-        f"GPU: **{info['gpu']}**, driver {info['driver']}; torch {info['torch']} (CUDA {info['cuda']}), "
-        f"fairseq {info['fairseq']}, Python {info['python']}, CPU {info['cpu']}; {info['date_utc']}."
-    )
 
 
 def _status_kib(field: str) -> int:
@@ -125,33 +47,6 @@ def reset_peak_rss() -> int:
 def peak_rss() -> int:
     """Peak resident set in bytes since the last ``reset_peak_rss``."""
     return _status_kib("VmHWM") * 1024
-
-
-class LoadSampler:
-    """Samples the 1-minute load average in the background while a benchmark runs (the machine is shared)."""
-
-    def __init__(self, every_s: float = 5.0) -> None:
-        self.every_s = every_s
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.samples.append(os.getloadavg()[0])
-            self._stop.wait(self.every_s)
-
-    def __enter__(self) -> LoadSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self) -> dict:
-        s = self.samples or [os.getloadavg()[0]]
-        return {"load_min": min(s), "load_median": statistics.median(s), "load_max": max(s), "load_samples": len(s)}
 
 
 def run_worker(module: str, args: list[str], timeout: float) -> dict:
@@ -272,15 +167,6 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def machine_markdown(info: dict, load: dict) -> str:
-    return (
-        f"Machine: {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB RAM, torch {info['torch']} "
-        f"({info['threads']} threads), Python {info['python']}. 1-minute load average during the run: "
-        f"min {load['load_min']:.2f}, median {load['load_median']:.2f}, max {load['load_max']:.2f} "
-        f"({load['load_samples']} samples); the machine is shared with other jobs."
-    )
 
 
 def add_shape_args(p: argparse.ArgumentParser) -> None:

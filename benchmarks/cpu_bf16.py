@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import cpu_model, markdown_table, stopwatch, timed_repeats
+from benchmarks.common import markdown_table, stopwatch, timed_repeats
+from benchmarks.machine import cpu_model
 from fairseq_clusterformer.ops.precision import matmul_gflops
 
 HERE = Path(__file__).resolve().parent

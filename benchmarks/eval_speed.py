@@ -22,15 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import (
-    LoadSampler,
-    append_jsonl,
-    console_script,
-    machine_info,
-    markdown_table,
-    prepare_char_data,
-    read_jsonl,
-)
+from benchmarks.common import append_jsonl, console_script, markdown_table, prepare_char_data, read_jsonl
+from benchmarks.machine import LoadSampler, machine_info
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parent.parent / "fairseq_clusterformer"

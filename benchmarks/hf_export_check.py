@@ -19,12 +19,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import cpu_model, stopwatch
+from benchmarks.common import stopwatch
+from benchmarks.machine import cpu_model
 from fairseq_clusterformer.qa.data.records import SkipLog, read_records
 from fairseq_clusterformer.qa.model import ClusterFormerQAModel
 
 # what a user's fresh process runs: the folder, loaded as the docs show, with no network to fall back on
-FRESH_PROCESS = r'''
+FRESH_PROCESS = r"""
 import json, socket, sys
 
 def refuse(*args, **kwargs):
@@ -42,7 +43,7 @@ print(json.dumps({"model": type(model).__name__, "pipeline": type(qa).__name__,
 items = [json.loads(line) for line in open(questions, encoding="utf-8")]
 for answer in qa([{"question": i["question"], "context": i["context"]} for i in items]):
     print(json.dumps(answer))
-'''
+"""
 
 
 def offline_env(hf_home: Path) -> dict[str, str]:

@@ -29,15 +29,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import (
-    LoadSampler,
-    append_jsonl,
-    prepare_char_data,
-    read_jsonl,
-    run_worker,
-    stopwatch,
-)
+from benchmarks.common import append_jsonl, prepare_char_data, read_jsonl, run_worker, stopwatch
 from benchmarks.kmeans_report import measured_on, render
+from benchmarks.machine import LoadSampler
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parent.parent / "fairseq_clusterformer"

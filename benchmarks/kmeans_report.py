@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import machine_info, markdown_table, read_jsonl
+from benchmarks.common import markdown_table, read_jsonl
+from benchmarks.machine import machine_info
 from fairseq_clusterformer.ops.precision import matmul_gflops
 
 

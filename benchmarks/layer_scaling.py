@@ -29,10 +29,8 @@ import torch
 
 from benchmarks.common import (
     GIB,
-    LoadSampler,
     add_shape_args,
     append_jsonl,
-    machine_info,
     peak_rss,
     read_jsonl,
     reset_peak_rss,
@@ -41,6 +39,7 @@ from benchmarks.common import (
     timed_repeats,
 )
 from benchmarks.layer_builder import available_kinds, build
+from benchmarks.machine import LoadSampler, machine_info
 
 HERE = Path(__file__).resolve()
 DEFAULT_LENGTHS = "1024,2048,3072,4096,8192,12288,16384,32768"

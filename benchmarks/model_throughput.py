@@ -31,9 +31,7 @@ import torch
 from benchmarks.common import (
     GIB,
     MIB,
-    LoadSampler,
     append_jsonl,
-    machine_info,
     markdown_table,
     peak_rss,
     prepare_char_data,
@@ -43,6 +41,7 @@ from benchmarks.common import (
     stopwatch,
     timed_repeats,
 )
+from benchmarks.machine import LoadSampler, machine_info
 
 HERE = Path(__file__).resolve()
 PACKAGE = HERE.parent.parent / "fairseq_clusterformer"

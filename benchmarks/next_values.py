@@ -28,10 +28,7 @@ import torch
 
 from benchmarks.common import (
     MIB,
-    LoadSampler,
     append_jsonl,
-    machine_info,
-    machine_markdown,
     markdown_table,
     peak_rss,
     reset_peak_rss,
@@ -39,6 +36,7 @@ from benchmarks.common import (
     stopwatch,
     timed_repeats,
 )
+from benchmarks.machine import LoadSampler, machine_info, machine_markdown
 
 HERE = Path(__file__).resolve()
 OPS = ("reference", "fused")

@@ -30,8 +30,9 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.common import append_jsonl, machine_info, markdown_table, parse_shape_args, read_jsonl, stopwatch
+from benchmarks.common import append_jsonl, markdown_table, parse_shape_args, read_jsonl, stopwatch
 from benchmarks.layer_builder import build
+from benchmarks.machine import machine_info
 
 HERE = Path(__file__).resolve()
 KINDS = {"window": ("window", "own"), "cluster-strict": ("cluster-strict", "own")}

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import cpu_model, stopwatch
+from benchmarks.common import stopwatch
+from benchmarks.machine import cpu_model
 from benchmarks.qa_report.paired_bootstrap import bootstrap_interval
 from benchmarks.qa_report.table import METRICS, per_question
 from fairseq_clusterformer.qa.scripts.predict import load

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import cpu_model
+from benchmarks.machine import cpu_model
 from benchmarks.qa_device.runs import VARIANTS  # the row names of table b
 from fairseq_clusterformer.ops.precision import matmul_rates
 

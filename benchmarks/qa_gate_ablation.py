@@ -20,7 +20,8 @@ import json
 
 import torch
 
-from benchmarks.common import cpu_model, stopwatch
+from benchmarks.common import stopwatch
+from benchmarks.machine import cpu_model
 from benchmarks.qa_ablation_passes import add_common_args, answer, check_common_args, load_model
 from benchmarks.qa_report.paired_bootstrap import bootstrap_interval
 from benchmarks.qa_report.table import METRICS, per_question

@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import cpu_model
+from benchmarks.machine import cpu_model
 from fairseq_clusterformer.ops.precision import matmul_rates
 from fairseq_clusterformer.qa.hf.weights import sha256 as file_sha256
 

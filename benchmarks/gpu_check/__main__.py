@@ -45,8 +45,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, device_info, device_line, stopwatch
+from benchmarks.common import REPO, stopwatch
 from benchmarks.gpu_check.context import Context, write_part
+from benchmarks.machine import device_info, device_line
 
 # imported when run, so that a part that does not even import is that part's error, not the whole run's
 PARTS = {

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import REPO, console_script, device_line
+from benchmarks.common import REPO, console_script
+from benchmarks.machine import device_line
 
 PACKAGE = REPO / "fairseq_clusterformer"
 
