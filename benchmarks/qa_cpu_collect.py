@@ -29,9 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import cpu_model
+from benchmarks.machine import cpu_model, matmul_record
 from benchmarks.qa_device.runs import VARIANTS  # the row names of table b
-from fairseq_clusterformer.ops.precision import matmul_rates
 
 # fairseq-train flag -> (settings key, type)
 FLAGS = {
@@ -147,8 +146,7 @@ def collect(
         **{key: scores[key] for key in ("exact_match", "f1", "answered", "questions")},
         "baselines": {key: value for key, value in recipe_summary.items() if key != run.name},
         "device": f"{cpu_model()}, CPU",
-        # CPUs that print one model name differ (native bfloat16 or not): their product rates tell them apart
-        "matmul_gflops_one_thread": {key: round(rate, 1) for key, rate in zip(("float32", "bfloat16"), matmul_rates())},
+        "matmul_gflops_one_thread": matmul_record(),
         "seconds": {
             "threads": threads,
             "train_wall": train_seconds,

@@ -31,8 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.machine import cpu_model
-from fairseq_clusterformer.ops.precision import matmul_rates
+from benchmarks.machine import cpu_model, matmul_record
 from fairseq_clusterformer.qa.hf.weights import sha256 as file_sha256
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,7 +65,6 @@ def record(args: argparse.Namespace) -> dict:
     if args.record.exists() and not args.record.is_file():
         fail(f"--record {args.record}: not a file")
     updates, hours = saved_progress(checkpoint)
-    fp32, bf16 = matmul_rates()
     entry = {
         "run": args.run.name,
         "folder": str(args.run),
@@ -77,7 +75,7 @@ def record(args: argparse.Namespace) -> dict:
         "checkpoint_sha256": file_sha256(checkpoint),
         "checkpoint_bytes": checkpoint.stat().st_size,
         "cpu": cpu_model(),
-        "matmul_gflops_one_thread": {"float32": round(fp32, 1), "bfloat16": round(bf16, 1)},
+        "matmul_gflops_one_thread": matmul_record(),
         "command": args.command,
         "code_commit": code_commit(args.code),
         "recorded_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -49,7 +49,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.qa_progress import saved_progress
-from fairseq_clusterformer.ops.precision import matmul_rates
+from fairseq_clusterformer.ops.precision import bf16_is_slower, matmul_rates
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
@@ -120,7 +120,7 @@ def refuse_slow_bf16(series: dict) -> None:
     if series["settings"].get("PRECISION") != "bf16":
         return
     fp32, bf16 = matmul_rates()
-    if bf16 < fp32:
+    if bf16_is_slower(fp32, bf16):
         fail(
             f"series.json's PRECISION=bf16, but this CPU multiplies bfloat16 at {bf16:.0f} GFLOP/s and float32 at "
             f"{fp32:.0f} (one thread): it has no native bfloat16 (grep -o 'avx512_bf16\\|amx_bf16' /proc/cpuinfo "

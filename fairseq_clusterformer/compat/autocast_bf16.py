@@ -27,7 +27,7 @@ from torch import nn
 
 from fairseq_clusterformer.checkpoints.model_fit import saved_task_setting
 from fairseq_clusterformer.checkpoints.run_files import checkpoint_files_to_load, root_config
-from fairseq_clusterformer.ops.precision import matmul_rates
+from fairseq_clusterformer.ops.precision import bf16_is_slower, matmul_rates
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def warn_if_bf16_is_slow(device_type: str, flag: str = "--autocast-bf16") -> tup
     if device_type not in _RATES_SEEN:
         fp32, bf16 = matmul_rates(device=device_type)
         _RATES_SEEN[device_type] = (fp32, bf16)
-        if bf16 < fp32:
+        if bf16_is_slower(fp32, bf16):
             logger.warning(
                 f"{flag}: this {device_type.upper()} multiplies bfloat16 at {bf16:.0f} GFLOP/s and float32 at "
                 f"{fp32:.0f} GFLOP/s (512 x 512 products): it has no native bfloat16, so the flag makes the run "

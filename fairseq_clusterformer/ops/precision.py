@@ -47,6 +47,12 @@ def matmul_gflops(dtype: torch.dtype, size: int = 512, repeats: int = 5, device:
     return 2 * size**3 / max(best, 1e-9) / 1e9
 
 
+def bf16_is_slower(fp32_gflops: float, bf16_gflops: float) -> bool:
+    """Whether the measured rates are those of a device without native bfloat16: there torch converts inside every
+    product and bfloat16 runs slower than float32 (down to a fiftieth), so asking for it slows a run down."""
+    return bf16_gflops < fp32_gflops
+
+
 def matmul_rates(size: int = 512, device: str = "cpu") -> tuple[float, float]:
     """(float32, bfloat16) matmul GFLOP/s on ``device``; on a CPU those of one thread: with several, a thread that
     waits for another one descheduled by a loaded machine spins and counts CPU time, which made bfloat16 measure
