@@ -31,9 +31,9 @@ other key replaces the base's.)
 A run is done when its folder SERIES/CONTEXTS_VARIANT_seedSEED is committed. Any other run is trained by the recipe
 in RUNS (outside the work tree), which resumes it from its checkpoint_last.pt where one is there; a run the recipe's
 MAX_HOURS stops gets its progress record in SERIES/progress/ (benchmarks.qa_progress), to be continued by the same
-command in a later session; a finished one is scored by the recipe, then reach and the ablation run on it,
-benchmarks.qa_cpu_collect copies it into SERIES (its training seconds: the hours its checkpoint records), and its
-progress record is written anew for the finished checkpoint.
+command in a later session; a finished one is scored by the recipe, its progress record is written anew for the
+finished checkpoint, then reach and the ablation run on it and benchmarks.qa_cpu_collect copies it into SERIES (its
+training seconds: the hours its checkpoint records).
 Arguments after `--` go to the recipe (`-- --hf DIR --data DIR`). Run from the checkout whose code is to train (a
 clone at a fixed commit, so that edits to the work tree never reach a run in progress); SERIES may lie in another.
 """
@@ -48,7 +48,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.qa_progress import saved_progress
 from fairseq_clusterformer.ops.precision import bf16_is_slower, matmul_rates
 
 REPO = Path(__file__).resolve().parents[1]
@@ -170,7 +169,7 @@ def python(module: str, *args: object) -> None:
     logged([sys.executable, "-m", f"benchmarks.{module}", *args])
 
 
-def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path) -> None:
+def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path, hours: float) -> None:
     """Reach and the ablation (where the series asks for them) on the finished run, then its folder collected."""
     data = run.parent / f"squad_{series['contexts']}" / "bin"
     checkpoint = run / "checkpoint_last.pt"
@@ -185,7 +184,6 @@ def analyse_and_collect(folder: Path, series: dict, variant: str, run: Path) -> 
         if not (run / name).is_file():
             logged([*tool, data, *common, "--json", run / name])
         collect += [flag, run / name]
-    _, hours = saved_progress(checkpoint)  # the hours its checkpoint records, as the recipe reads them
     if "THREADS" in series["settings"]:
         collect += ["--threads", series["settings"]["THREADS"]]
     python("qa_cpu_collect", run, "--results", folder, *collect, "--train-seconds", round(hours * 3600))
@@ -275,9 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             elif status != 0:
                 fail(f"{variant} seed {seed}: the recipe exited with {status}: {shlex.join(command)}")
             else:
-                analyse_and_collect(folder, series, variant, run)
-                # the finished checkpoint's SHA-256 and machine, in place of a stopped run's record
-                record_progress(folder, series, run, command)
+                # the finished checkpoint's SHA-256, hours and machine, in place of a stopped run's record; its hours
+                # are the training seconds collected (the checkpoint is read once for both)
+                record = record_progress(folder, series, run, command)
+                hours = json.loads(record.read_text(encoding="utf-8"))["hours_trained"]
+                analyse_and_collect(folder, series, variant, run, hours)
     if any(committed(folder, series, v, s).is_dir() for v in series["variants"] for s in series["seeds"]):
         print_table(folder, series)
     return 0
