@@ -16,7 +16,7 @@ import time
 import torch
 
 from benchmarks.common import GIB
-from fairseq_clusterformer.ops.precision import matmul_rates
+from fairseq_clusterformer.ops.precision import bf16_is_slower, matmul_rates
 
 
 def cpu_model() -> str:
@@ -129,8 +129,11 @@ def machine_markdown(info: dict, load: dict) -> str:
     )
 
 
-def matmul_record() -> dict[str, float]:
+def matmul_record() -> dict[str, float | str]:
     """This CPU's float32 and bfloat16 product rates, one thread (GFLOP/s), as the records beside a run's seconds keep
-    them: CPUs that print one model name differ, with native bfloat16 or without, and the rates tell them apart."""
+    them: CPUs that print one model name differ, with native bfloat16 or without, and the rates tell them apart;
+    ``bf16_products`` says how --autocast-bf16 multiplies here by default (``--bf16-products auto``): ``native`` or
+    through ``float32`` kernels."""
     fp32, bf16 = matmul_rates()
-    return {"float32": round(fp32, 1), "bfloat16": round(bf16, 1)}
+    products = "float32" if bf16_is_slower(fp32, bf16) else "native"
+    return {"float32": round(fp32, 1), "bfloat16": round(bf16, 1), "bf16_products": products}

@@ -6,8 +6,9 @@ finished run scored, analysed and collected into the series' folder, then the pa
     python -m benchmarks.qa_series SERIES --runs DIR --seeds 2 --variants none cluster-layer6   # one pair only
     python -m benchmarks.qa_series SERIES --runs DIR --seeds 2 --variants none --threads 2      # one run, both cores
 
-A PRECISION=bf16 series is refused on a CPU whose bfloat16 product is slower than its float32 one (no AVX512-BF16
-or AMX), before anything runs: its runs would take many times the hours planned (--allow-slow-bf16 runs them anyway).
+A PRECISION=bf16 series runs on any CPU: where the CPU has no native bfloat16 (no AVX512-BF16 or AMX) the recipe's
+--autocast-bf16 runs its products through float32 kernels at bfloat16's rounding points (--bf16-products auto), and
+each collected run's summary says which of the two its CPU did (``matmul_gflops_one_thread``).
 
 SERIES/series.json is the series' one settings file:
 
@@ -47,8 +48,6 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-
-from fairseq_clusterformer.ops.precision import bf16_is_slower, matmul_rates
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "qa" / "cpu_pretrained.sh"
@@ -109,23 +108,6 @@ def over_base(base: dict, own: dict, path: Path) -> dict:
         if key not in own and key in base:
             series[key] = [name for name in base[key] if name in series["variants"]]
     return series
-
-
-def refuse_slow_bf16(series: dict) -> None:
-    """A bfloat16 series (its runs pair with bfloat16 runs, so it cannot fall back to float32) is refused on a CPU
-    whose bfloat16 product is slower than its float32 one: without AVX512-BF16 or AMX torch converts inside every
-    product, and a 2-core AMD EPYC without AVX-512 multiplied bfloat16 at 1 GFLOP/s against float32's 95, which
-    turns a run planned for 2 hours into days. Refused before anything starts, not found out hours later."""
-    if series["settings"].get("PRECISION") != "bf16":
-        return
-    fp32, bf16 = matmul_rates()
-    if bf16_is_slower(fp32, bf16):
-        fail(
-            f"series.json's PRECISION=bf16, but this CPU multiplies bfloat16 at {bf16:.0f} GFLOP/s and float32 at "
-            f"{fp32:.0f} (one thread): it has no native bfloat16 (grep -o 'avx512_bf16\\|amx_bf16' /proc/cpuinfo "
-            "finds neither), so every run would train and score many times slower than the series plans. Run the "
-            "series on a CPU with native bfloat16, or give --allow-slow-bf16 to run it here anyway"
-        )
 
 
 def committed(folder: Path, series: dict, variant: str, seed: int) -> Path:
@@ -231,9 +213,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, metavar="N",
                         help="each run's threads (the recipe's THREADS) instead of the series': a run alone "
                              "on a 2-core machine takes both (they change its time, not its settings)")  # fmt: skip
-    parser.add_argument("--allow-slow-bf16", action="store_true",
-                        help="run a PRECISION=bf16 series on a CPU whose bfloat16 product is slower than float32's "
-                             "(refused by default: a run there takes many times the hours planned)")  # fmt: skip
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     folder, series = args.series.resolve(), load_series(args.series)
     if args.threads is not None:
@@ -256,8 +235,6 @@ def main(argv: list[str] | None = None) -> int:
             todo.append((variant, seed, command))
     if args.dry_run:
         return 0
-    if todo and not args.allow_slow_bf16:
-        refuse_slow_bf16(series)
     width = int(series.get("parallel", 1))
     if todo:  # the encoder's import and the data, once, before runs side by side would both make them in one folder
         logged([*todo[0][2], "--prepare-only"])

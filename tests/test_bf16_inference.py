@@ -175,19 +175,43 @@ def test_the_qa_scripts_take_autocast_bf16(qa_checkpoint, qa_data, tmp_path, too
         assert type(fp32) is type(bf16) and fp32 != bf16
 
 
-def test_a_device_slower_in_bfloat16_is_told_so_naming_both_rates(monkeypatch, caplog):
-    monkeypatch.setattr(autocast_bf16, "_RATES_SEEN", {})
-    monkeypatch.setattr(autocast_bf16, "matmul_rates", lambda device: (96.0, 21.0))
+@pytest.fixture
+def rates(monkeypatch):
+    """Set the rates this process measured (precision.measured_rates) and forget what was said of them."""
+    from fairseq_clusterformer.ops import precision
+
+    before = precision._products["choice"]
+    monkeypatch.setattr(autocast_bf16, "_SAID", set())
+
+    def set_rates(fp32: float, bf16: float, choice: str = "auto") -> None:
+        monkeypatch.setattr(precision, "_rates_seen", {"cpu": (fp32, bf16)})
+        precision.set_bf16_products(choice)
+
+    yield set_rates
+    precision.set_bf16_products(before)
+
+
+def test_a_device_slower_in_bfloat16_is_told_so_naming_both_rates(rates, caplog):
+    rates(96.0, 21.0, "native")
     with caplog.at_level(logging.INFO):
         assert autocast_bf16.warn_if_bf16_is_slow("cpu") == (96.0, 21.0)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "bfloat16 at 21 GFLOP/s and float32 at 96 GFLOP/s" in warnings[0], warnings
-    assert "--autocast-bf16" in warnings[0] and "slower" in warnings[0]
+    assert "--autocast-bf16" in warnings[0] and "slower" in warnings[0] and "--bf16-products auto" in warnings[0]
 
 
-def test_a_device_with_native_bfloat16_gets_no_warning(monkeypatch, caplog):
-    monkeypatch.setattr(autocast_bf16, "_RATES_SEEN", {})
-    monkeypatch.setattr(autocast_bf16, "matmul_rates", lambda device: (96.0, 420.0))
+def test_a_device_slower_in_bfloat16_takes_float32_kernels_and_says_so(rates, caplog):
+    rates(96.0, 21.0)
+    with caplog.at_level(logging.INFO):
+        autocast_bf16.warn_if_bf16_is_slow("cpu")
+        autocast_bf16.warn_if_bf16_is_slow("cpu")  # said once a process
+    said = [r.getMessage() for r in caplog.records if "--autocast-bf16" in r.getMessage()]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1 and "through float32 kernels" in said[0] and "21 GFLOP/s" in said[0], said
+
+
+def test_a_device_with_native_bfloat16_gets_no_warning(rates, caplog):
+    rates(96.0, 420.0)
     with caplog.at_level(logging.INFO):
         autocast_bf16.warn_if_bf16_is_slow("cpu")
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -131,29 +131,6 @@ def test_the_committed_800_update_series_is_the_budget_series_at_800_updates():
         k: v for k, v in budget.items() if k not in ("settings", "variants")}
 
 
-def test_a_bfloat16_series_is_refused_on_a_cpu_without_native_bfloat16(tmp_path, monkeypatch, capsys):
-    """Before anything runs: the rates named, the way out named; a CPU with native bfloat16 gets past the check (to
-    the recipe, here a missing one), and so does --allow-slow-bf16."""
-    import benchmarks.qa_series as qa_series
-
-    write_json(tmp_path / "s", dict(contexts="article", settings={"PRECISION": "bf16"},
-                                    variants={"none": {"KIND": "none"}}, seeds=[1]))  # fmt: skip
-    command = [str(tmp_path / "s"), "--runs", str(tmp_path / "runs")]
-    monkeypatch.setattr(qa_series, "RECIPE", tmp_path / "no-recipe.sh")
-    monkeypatch.setattr(qa_series, "matmul_rates", lambda: (95.0, 1.0))
-    with pytest.raises(SystemExit) as stop:
-        qa_series.main(command)
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and "multiplies bfloat16 at 1 GFLOP/s and float32 at 95" in err, err
-    assert "--allow-slow-bf16" in err and not (tmp_path / "runs").exists()
-
-    for rates, more in (((95.0, 1.0), ["--allow-slow-bf16"]), ((160.0, 1100.0), [])):
-        monkeypatch.setattr(qa_series, "matmul_rates", lambda rates=rates: rates)
-        with pytest.raises(subprocess.CalledProcessError):  # past the check: the recipe's --prepare-only ran
-            qa_series.main([*command, *more])
-        assert "multiplies bfloat16" not in capsys.readouterr().err
-
-
 def test_seeds_and_variants_choose_the_runs_of_one_call(tmp_path, capsys):
     """--seeds / --variants keep those runs, in the series' order (a session with time for one pair runs one pair);
     a seed or variant the series lacks is refused, naming the flag."""

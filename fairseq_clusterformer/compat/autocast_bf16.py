@@ -9,9 +9,12 @@ Adam's moments stay float32 and no loss scale is needed (bfloat16 has float32's 
 the flag runs the model's layer stack under the same autocast (``set_bf16_layers``): validation, ``fairseq-eval-lm
 --task clusterformer_lm --autocast-bf16``, and the QA scripts' own ``--autocast-bf16``; embeddings, the last layer
 norm, output projections, heads and losses stay float32. It works on a CPU too (``torch.autocast("cpu")`` takes
-bfloat16), but pays only where the processor multiplies bfloat16 natively: ``warn_if_bf16_is_slow`` measures both
-rates and says so where it does not. A resume whose flag differs from the checkpoint's (``warn_precision_change``)
-is said, naming the file and both precisions: the run goes on in the precision the command line asks for.
+bfloat16), but pays only where the processor multiplies bfloat16 natively. Elsewhere ``--bf16-products auto`` (the
+default) runs the bfloat16 products through float32 kernels at bfloat16's rounding points (``ops/bf16_products.py``):
+the run keeps bfloat16's numerics at float32's speed instead of going 10 times slower; ``warn_if_bf16_is_slow``
+measures both rates and says which case this is. A resume whose flag differs from the checkpoint's
+(``warn_precision_change``) is said, naming the file and both precisions: the run goes on in the precision the
+command line asks for.
 
 No ``from __future__ import annotations`` here: fairseq reads the config field types at run time.
 """
@@ -21,13 +24,21 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
+from fairseq.dataclass import ChoiceEnum
 from fairseq.optim.amp_optimizer import AMPOptimizer
 from fairseq.optim.fp16_optimizer import FP16Optimizer, MemoryEfficientFP16Optimizer
 from torch import nn
 
 from fairseq_clusterformer.checkpoints.model_fit import saved_task_setting
 from fairseq_clusterformer.checkpoints.run_files import checkpoint_files_to_load, root_config
-from fairseq_clusterformer.ops.precision import bf16_is_slower, matmul_rates
+from fairseq_clusterformer.ops.precision import (
+    BF16_PRODUCTS,
+    bf16_is_slower,
+    bf16_products,
+    measured_rates,
+    products_through_float32,
+    set_bf16_products,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -46,27 +57,45 @@ class AutocastBF16Config:
             "--fp16, --bf16 or --amp"
         },
     )
-
-
-_RATES_SEEN: dict[str, tuple[float, float]] = {}
+    bf16_products: ChoiceEnum(BF16_PRODUCTS) = field(
+        default="auto",
+        metadata={
+            "help": "how --autocast-bf16 multiplies on a CPU: 'auto' through float32 kernels at bfloat16's rounding "
+            "points where the CPU has no native bfloat16 (its own bfloat16 kernels run 10-100x slower there), "
+            "'native' always torch's bfloat16 kernels, 'float32' always float32's"
+        },
+    )
 
 
 def warn_if_bf16_is_slow(device_type: str, flag: str = "--autocast-bf16") -> tuple[float, float]:
-    """Measure this device's float32 and bfloat16 matmul rates (once a process) and warn, naming both, when bfloat16
-    is the slower: a CPU without native bfloat16 (no AVX512-BF16 / AMX) converts inside every product, and the flag
-    would slow the run down without a word. Returns (float32, bfloat16) GFLOP/s."""
-    if device_type not in _RATES_SEEN:
-        fp32, bf16 = matmul_rates(device=device_type)
-        _RATES_SEEN[device_type] = (fp32, bf16)
-        if bf16_is_slower(fp32, bf16):
-            logger.warning(
-                f"{flag}: this {device_type.upper()} multiplies bfloat16 at {bf16:.0f} GFLOP/s and float32 at "
-                f"{fp32:.0f} GFLOP/s (512 x 512 products): it has no native bfloat16, so the flag makes the run "
-                f"slower, not faster; leave {flag} out on this machine"
-            )
-        else:
-            logger.info(f"{flag}: bfloat16 matmul {bf16:.0f} GFLOP/s, float32 {fp32:.0f} GFLOP/s on this {device_type}")
-    return _RATES_SEEN[device_type]
+    """Measure this device's float32 and bfloat16 matmul rates (once a process) and say which kind of device it is:
+    on a CPU without native bfloat16 (no AVX512-BF16 / AMX) the products go through float32 kernels
+    (``--bf16-products auto``), or, where a command asked for torch's own kernels, the run is warned, naming both
+    rates, that it goes many times slower. Returns (float32, bfloat16) GFLOP/s."""
+    seen = device_type in _SAID
+    fp32, bf16 = measured_rates(device_type)
+    _SAID.add(device_type)
+    if seen:
+        return fp32, bf16
+    rates = f"bfloat16 at {bf16:.0f} GFLOP/s and float32 at {fp32:.0f} GFLOP/s (512 x 512 products)"
+    if not bf16_is_slower(fp32, bf16):
+        logger.info(f"{flag}: bfloat16 matmul {bf16:.0f} GFLOP/s, float32 {fp32:.0f} GFLOP/s on this {device_type}")
+    elif products_through_float32(device_type):
+        logger.info(
+            f"{flag}: this {device_type.upper()} multiplies {rates}: it has no native bfloat16, so the bfloat16 "
+            "products run through float32 kernels at bfloat16's rounding points (--bf16-products auto): bfloat16's "
+            "numerics at float32's speed, not faster"
+        )
+    else:
+        logger.warning(
+            f"{flag}: this {device_type.upper()} multiplies {rates}: it has no native bfloat16, so torch's own "
+            f"bfloat16 kernels make the run slower, not faster; leave {flag} out on this machine, or let "
+            "--bf16-products auto run the products through float32 kernels"
+        )
+    return fp32, bf16
+
+
+_SAID: set[str] = set()
 
 
 def set_bf16_layers(model: nn.Module, enabled: bool = True) -> None:
@@ -151,7 +180,9 @@ class AutocastBF16Hooks:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if flag_of(self):
-            check_no_half_flags(self.cfg if getattr(self, "cfg", None) is not None else self.args, sys.argv)
+            task_cfg = self.cfg if getattr(self, "cfg", None) is not None else self.args
+            check_no_half_flags(task_cfg, sys.argv)
+            set_bf16_products(str(getattr(task_cfg, "bf16_products", "auto")))  # a checkpoint may predate it
 
     def build_model(self, cfg, from_checkpoint=False):
         """With the flag, the model's layers run in bfloat16 outside training too (validation, fairseq-eval-lm)."""
@@ -178,11 +209,12 @@ class AutocastBF16Hooks:
         if not getattr(self, "_autocast_announced", False):
             self._autocast_announced = True
             logger.info(f"--autocast-bf16: training forward passes under torch.autocast({device_type!r}, bfloat16)")
-        with torch.autograd.profiler.record_function("forward"):
-            with torch.autocast(device_type, dtype=torch.bfloat16):
-                loss, sample_size, logging_output = criterion(model, sample)
-        if ignore_grad:
-            loss *= 0
-        with torch.autograd.profiler.record_function("backward"):
-            optimizer.backward(loss)
+        with bf16_products(device_type):  # the backward pass's products too
+            with torch.autograd.profiler.record_function("forward"):
+                with torch.autocast(device_type, dtype=torch.bfloat16):
+                    loss, sample_size, logging_output = criterion(model, sample)
+            if ignore_grad:
+                loss *= 0
+            with torch.autograd.profiler.record_function("backward"):
+                optimizer.backward(loss)
         return loss, sample_size, logging_output

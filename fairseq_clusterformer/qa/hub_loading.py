@@ -114,9 +114,10 @@ def load_hub(
     device_type = "cuda" if torch.cuda.is_available() and not cpu else "cpu"
     if autocast_bf16:
         warn_if_bf16_is_slow(device_type)
-    # the task's build_model sets the layers' precision from the config: the caller's, not the training's
+    # the task's build_model sets the layers' precision from the config: the caller's, not the training's; how the
+    # products run is this machine's choice (bf16_products), not the training machine's
     state = checkpoint_utils.load_checkpoint_to_cpu(
-        path, {"roberta_path": None, "autocast_bf16": autocast_bf16, **given}
+        path, {"roberta_path": None, "autocast_bf16": autocast_bf16, "bf16_products": "auto", **given}
     )
     check_qa_checkpoint(state, path)
     cfg = state["cfg"]

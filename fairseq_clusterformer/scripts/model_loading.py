@@ -65,7 +65,9 @@ def load_model(
     """(model in eval mode, cfg, task) of a checkpoint that holds a ``wanted``; on CUDA unless ``cpu`` or none is
     there; its layers under bfloat16 autocast with ``bf16`` (a script's ``--autocast-bf16``), in float32 otherwise,
     whatever precision it was trained in. Raises ValueError as ``load_checkpoint`` does."""
-    arg_overrides = {**arg_overrides, "autocast_bf16": bf16}  # the task's build_model sets the layers' precision
+    # the task's build_model sets the layers' precision; how the products run is this machine's choice, not the
+    # training machine's
+    arg_overrides = {**arg_overrides, "autocast_bf16": bf16, "bf16_products": "auto"}
     if bf16:
         warn_if_bf16_is_slow("cuda" if torch.cuda.is_available() and not cpu else "cpu")
     state = load_checkpoint(path, arg_overrides, wanted, needed)
