@@ -1,6 +1,9 @@
 """What bfloat16 gains on this CPU: the float32 and bfloat16 matrix-product rates, one layer's forward + backward per
 kind (float32, bfloat16 autocast, compiled; attention dropout 0.1 and 0), one QA training update and one LM training
 update in both precisions, each also as a share of the machine's measured peak (linear-layer FLOPs / time).
+On a CPU without native bfloat16 the layer rows time torch's own bfloat16 kernels (what bfloat16 itself costs there)
+and the update rows time what ``--autocast-bf16`` runs, its products through float32 kernels (``--bf16-products
+auto``).
 
     OMP_NUM_THREADS=1 python -m benchmarks.cpu_bf16 [--qa-data DIR --qa-encoder DIR] [--lm-data DIR] [--compiled]
         [--json out.json] [--markdown out.md]

@@ -1,8 +1,9 @@
 """Which precision a CPU recipe should train and score in on this machine: print ``bf16`` where the CPU multiplies
 bfloat16 natively (AVX512-BF16 or AMX: measured about 4x float32's rate on this project's AMD EPYC), else ``fp32``
-(a CPU without it runs bfloat16 products through a fallback: measured from a fifth of float32's rate down to a
-fiftieth, 1 against 56 GFLOP/s on an AMD EPYC without AVX-512). The two measured
-rates go to stderr, so that a recipe's log says why it chose what it chose.
+(torch's own bfloat16 kernels run there from a fifth of float32's rate down to a fiftieth, 1 against 56 GFLOP/s on an
+AMD EPYC without AVX-512; ``--autocast-bf16`` runs them through float32 kernels, ``--bf16-products auto``, which makes
+bfloat16 as fast as float32 there, not faster, so float32's precision costs nothing). The two measured rates go to
+stderr, so that a recipe's log says why it chose what it chose.
 
     python examples/cpu_precision.py           ->   "bf16"   (stderr: "bfloat16 443 GFLOP/s, float32 103 GFLOP/s")
 

