@@ -33,10 +33,14 @@ BERT_SPECIALS = {"<s>": "[CLS]", "<pad>": "[PAD]", "</s>": "[SEP]", "<unk>": "[U
 ARTICLES = "8:10"  # Sky (United Kingdom) and Victoria (Australia): 232 questions, 47 paragraphs, a few seconds
 
 
-def make_hf_dir(root: Path) -> Path:
-    """A WordPiece uncased tokenizer trained on the test's SQuAD articles, laid out as an import writes it: the
-    specials at BERT's ids (0, 100-103), dict.txt in HF id order without them, <mask> last. tokenizer.json keeps a
-    truncation at 32 tokens, as all-MiniLM-L6-v2's does at 128, which the pipeline must switch off."""
+TOKENIZER = Path(__file__).resolve().parent / "data" / "hf_tokenizer" / "tokenizer.json"
+
+
+def train_tokenizer():
+    """A WordPiece uncased tokenizer (1,500 pieces) trained on the test's SQuAD articles, specials at BERT's ids,
+    truncating at 32 tokens. tokenizers' trainer breaks ties between equally frequent pairs in hash-map order, which
+    differs between processes, so each call may give another vocabulary: the tests read the one committed in
+    ``TOKENIZER`` (``python -m tests.test_hf_tokenizer`` trains and writes it again)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     data = json.loads(SQUAD.read_text(encoding="utf-8"))["data"][slice(*map(int, ARTICLES.split(":")))]
@@ -49,6 +53,18 @@ def make_hf_dir(root: Path) -> Path:
     specials = ["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=1500, special_tokens=specials))
     tokenizer.enable_truncation(32)
+    return tokenizer
+
+
+def make_hf_dir(root: Path) -> Path:
+    """The committed WordPiece uncased tokenizer (``train_tokenizer``), laid out as an import writes it: the specials
+    at BERT's ids (0, 100-103), dict.txt in HF id order without them, <mask> last. tokenizer.json keeps a truncation
+    at 32 tokens, as all-MiniLM-L6-v2's does at 128, which the pipeline must switch off. Trained once and committed:
+    a vocabulary trained in each test process made each run binarise other data, and a 40-update model trained on
+    one of them answered none of its questions (tests/test_hf_export_pipeline.py, once in nine runs on 2026-12-08)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
     out = root / "hf"
     out.mkdir()
     tokenizer.save(str(out / "tokenizer.json"))
@@ -196,3 +212,9 @@ def test_bad_hf_dir_and_unmapped_tokens_name_what_is_wrong(tmp_path, hf_data):
     (short / "dict.txt").write_text("".join((hf_dir / "dict.txt").read_text().splitlines(True)[:-50]))
     with pytest.raises(ValueError, match="dict.txt has no symbol for 49 of the tokenizer's"):
         HFTokenizer(str(short), hf_dictionary(str(short)))
+
+
+if __name__ == "__main__":
+    TOKENIZER.parent.mkdir(parents=True, exist_ok=True)
+    train_tokenizer().save(str(TOKENIZER))
+    print(f"wrote {TOKENIZER}")
